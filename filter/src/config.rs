@@ -1,0 +1,311 @@
+//! The filter's configuration: what Envoy hands `on_configure` as a JSON string.
+//!
+//! The shape follows the reference's `EndpointPickerConfig` (apiVersion
+//! `inference.networking.x-k8s.io/v1alpha1`, kind `EndpointPickerConfig`) plus a
+//! `pool` section of our own for what the reference keeps in Kubernetes objects:
+//!
+//! ```json
+//! {
+//!   "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+//!   "kind": "EndpointPickerConfig",
+//!   "pool": {
+//!     "name": "vllm-llama3-8b",
+//!     "endpoints": ["10.0.0.1:8000", {"address": "10.0.0.2:8000", "labels": {"role": "decode"}}],
+//!     "maxRequestBodyBytes": 4194304
+//!   }
+//! }
+//! ```
+//!
+//! Validation is strict: an unknown field, a wrong type or a bad value is refused
+//! at load time with the field's path and the reason, and the filter never half-loads.
+
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+
+/// The API version the reference uses for `EndpointPickerConfig`.
+pub const API_VERSION: &str = "inference.networking.x-k8s.io/v1alpha1";
+/// The kind the reference uses.
+pub const KIND: &str = "EndpointPickerConfig";
+/// Default request-body limit: 4 MiB, as vLLM's simulator (`max-request-body-size-mb`).
+pub const DEFAULT_MAX_REQUEST_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// Default pool name, used as the `name` label of pool metrics.
+pub const DEFAULT_POOL_NAME: &str = "default-pool";
+
+/// A configuration error: the path of the offending field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// JSON path of the field, e.g. `pool.endpoints[2]`; empty for the document itself.
+    pub path: String,
+    /// Why the value is refused.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "invalid configuration: {}", self.reason)
+        } else {
+            write!(
+                f,
+                "invalid configuration at `{}`: {}",
+                self.path, self.reason
+            )
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(path: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path: path.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// One model-server endpoint of the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `ip:port`, as written into `x-gateway-destination-endpoint`.
+    pub address: String,
+    /// Labels (role, zone, ...), used by label filters.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The pool of model servers the filter picks from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    /// Pool name (metric label `name`).
+    pub name: String,
+    /// Static endpoints, in configuration order.
+    pub endpoints: Vec<Endpoint>,
+    /// Largest request body accepted; larger bodies get 413.
+    pub max_request_body_bytes: usize,
+}
+
+/// The whole, validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The model-server pool.
+    pub pool: Pool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            pool: Pool {
+                name: DEFAULT_POOL_NAME.to_string(),
+                endpoints: Vec::new(),
+                max_request_body_bytes: DEFAULT_MAX_REQUEST_BODY_BYTES,
+            },
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates the plugin configuration. An empty string means defaults.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        if text.trim().is_empty() {
+            return Ok(Config::default());
+        }
+        let doc: Value =
+            serde_json::from_str(text).map_err(|e| err("", format!("not valid JSON: {e}")))?;
+        let top = as_object(&doc, "")?;
+        only_fields(top, "", &["apiVersion", "kind", "pool"])?;
+        if let Some(v) = top.get("apiVersion") {
+            let s = as_str(v, "apiVersion")?;
+            if s != API_VERSION {
+                return Err(err(
+                    "apiVersion",
+                    format!("must be `{API_VERSION}`, got `{s}`"),
+                ));
+            }
+        }
+        if let Some(v) = top.get("kind") {
+            let s = as_str(v, "kind")?;
+            if s != KIND {
+                return Err(err("kind", format!("must be `{KIND}`, got `{s}`")));
+            }
+        }
+        let mut config = Config::default();
+        if let Some(pool) = top.get("pool") {
+            config.pool = parse_pool(pool)?;
+        }
+        Ok(config)
+    }
+}
+
+fn parse_pool(v: &Value) -> Result<Pool, ConfigError> {
+    let obj = as_object(v, "pool")?;
+    only_fields(obj, "pool", &["name", "endpoints", "maxRequestBodyBytes"])?;
+    let mut pool = Config::default().pool;
+    if let Some(name) = obj.get("name") {
+        let name = as_str(name, "pool.name")?;
+        if name.is_empty() {
+            return Err(err("pool.name", "must not be empty"));
+        }
+        pool.name = name.to_string();
+    }
+    if let Some(limit) = obj.get("maxRequestBodyBytes") {
+        let n = limit
+            .as_u64()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| err("pool.maxRequestBodyBytes", "must be a positive integer"))?;
+        pool.max_request_body_bytes = usize::try_from(n)
+            .map_err(|_| err("pool.maxRequestBodyBytes", "is too large for this platform"))?;
+    }
+    if let Some(list) = obj.get("endpoints") {
+        let list = list
+            .as_array()
+            .ok_or_else(|| err("pool.endpoints", "must be a list"))?;
+        for (i, item) in list.iter().enumerate() {
+            let path = format!("pool.endpoints[{i}]");
+            let endpoint = parse_endpoint(item, &path)?;
+            if pool.endpoints.iter().any(|e| e.address == endpoint.address) {
+                return Err(err(
+                    &path,
+                    format!("duplicate endpoint `{}`", endpoint.address),
+                ));
+            }
+            pool.endpoints.push(endpoint);
+        }
+    }
+    Ok(pool)
+}
+
+fn parse_endpoint(v: &Value, path: &str) -> Result<Endpoint, ConfigError> {
+    let (address, labels) = match v {
+        Value::String(s) => (s.as_str(), BTreeMap::new()),
+        Value::Object(obj) => {
+            only_fields(obj, path, &["address", "labels"])?;
+            let address = obj
+                .get("address")
+                .ok_or_else(|| err(path, "missing field `address`"))?;
+            let address = as_str(address, &format!("{path}.address"))?;
+            let mut labels = BTreeMap::new();
+            if let Some(l) = obj.get("labels") {
+                let lpath = format!("{path}.labels");
+                for (k, v) in as_object(l, &lpath)? {
+                    let s = as_str(v, &format!("{lpath}.{k}"))?;
+                    labels.insert(k.clone(), s.to_string());
+                }
+            }
+            (address, labels)
+        }
+        _ => {
+            return Err(err(
+                path,
+                "must be an `ip:port` string or an object with `address`",
+            ))
+        }
+    };
+    let parsed: SocketAddr = address
+        .parse()
+        .map_err(|_| err(path, format!("`{address}` is not an `ip:port` address")))?;
+    if parsed.port() == 0 {
+        return Err(err(path, format!("`{address}` has port 0")));
+    }
+    Ok(Endpoint {
+        address: parsed.to_string(),
+        labels,
+    })
+}
+
+fn as_object<'a>(v: &'a Value, path: &str) -> Result<&'a Map<String, Value>, ConfigError> {
+    v.as_object().ok_or_else(|| err(path, "must be an object"))
+}
+
+fn as_str<'a>(v: &'a Value, path: &str) -> Result<&'a str, ConfigError> {
+    v.as_str().ok_or_else(|| err(path, "must be a string"))
+}
+
+fn only_fields(obj: &Map<String, Value>, path: &str, known: &[&str]) -> Result<(), ConfigError> {
+    for key in obj.keys() {
+        if !known.contains(&key.as_str()) {
+            let field = if path.is_empty() {
+                key.clone()
+            } else {
+                format!("{path}.{key}")
+            };
+            return Err(err(
+                &field,
+                format!("unknown field; expected one of: {}", known.join(", ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn empty_configuration_means_defaults() {
+        let c = Config::parse("  ").unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.pool.max_request_body_bytes, 4 * 1024 * 1024);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn reads_endpoints_as_strings_or_objects() {
+        let c = Config::parse(
+            r#"{"apiVersion":"inference.networking.x-k8s.io/v1alpha1","kind":"EndpointPickerConfig",
+                "pool":{"name":"p","maxRequestBodyBytes":1000,
+                "endpoints":["127.0.0.1:8001",{"address":"127.0.0.1:8002","labels":{"role":"decode"}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.pool.name, "p");
+        assert_eq!(c.pool.max_request_body_bytes, 1000);
+        assert_eq!(c.pool.endpoints.len(), 2);
+        assert_eq!(c.pool.endpoints[1].address, "127.0.0.1:8002");
+        assert_eq!(c.pool.endpoints[1].labels["role"], "decode");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn errors_name_the_field_and_the_reason() {
+        let cases = [
+            (
+                r#"{"pool":{"endpoints":["127.0.0.1"]}}"#,
+                "pool.endpoints[0]",
+                "not an `ip:port`",
+            ),
+            (
+                r#"{"pool":{"endpoints":[1]}}"#,
+                "pool.endpoints[0]",
+                "must be",
+            ),
+            (
+                r#"{"pool":{"endpoints":["1.2.3.4:5","1.2.3.4:5"]}}"#,
+                "pool.endpoints[1]",
+                "duplicate",
+            ),
+            (
+                r#"{"pool":{"maxRequestBodyBytes":-1}}"#,
+                "pool.maxRequestBodyBytes",
+                "positive",
+            ),
+            (
+                r#"{"pool":{"endpoint":[]}}"#,
+                "pool.endpoint",
+                "unknown field",
+            ),
+            (r#"{"kind":"Other"}"#, "kind", "EndpointPickerConfig"),
+            (
+                r#"{"pool":{"endpoints":[{"address":"1.2.3.4:5","labels":{"a":1}}]}}"#,
+                "pool.endpoints[0].labels.a",
+                "string",
+            ),
+            ("{", "", "not valid JSON"),
+        ];
+        for (text, path, reason) in cases {
+            let e = Config::parse(text).unwrap_err();
+            assert_eq!(e.path, path, "for {text}");
+            assert!(e.reason.contains(reason), "for {text}: {}", e.reason);
+            assert!(e.to_string().contains(reason));
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! OpenAI-style error responses: what a client sees when the gateway answers itself.
+//!
+//! The body has the shape OpenAI clients parse:
+//! `{"error":{"message":"...","type":"...","param":null,"code":400}}`.
+
+use serde_json::json;
+
+/// An error the filter answers with a local reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status code.
+    pub status: u16,
+    /// OpenAI error type, e.g. `invalid_request_error`.
+    pub kind: &'static str,
+    /// A sentence the user can act on.
+    pub message: String,
+    /// The request field at fault, when there is one.
+    pub param: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400: the request is malformed.
+    pub fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Self {
+            status: 400,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param,
+        }
+    }
+
+    /// 413: the request body is larger than the configured limit.
+    pub fn body_too_large(size: usize, limit: usize) -> Self {
+        Self {
+            status: 413,
+            kind: "invalid_request_error",
+            message: format!(
+                "request body is {size} bytes, over this gateway's limit of {limit} bytes \
+                 (pool.maxRequestBodyBytes)"
+            ),
+            param: None,
+        }
+    }
+
+    /// 503: no endpoint can serve the request.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            status: 503,
+            kind: "service_unavailable",
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// 500: the gateway itself failed.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: 500,
+            kind: "internal_error",
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// The JSON body of the local reply.
+    pub fn body(&self) -> String {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status,
+            }
+        })
+        .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn body_is_openai_shaped_json() {
+        let e = ApiError::bad_request("missing field `model`", Some("model"));
+        let v: serde_json::Value = serde_json::from_str(&e.body()).unwrap();
+        assert_eq!(v["error"]["code"], 400);
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], "model");
+        assert_eq!(v["error"]["message"], "missing field `model`");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn too_large_names_the_limit_and_the_setting() {
+        let e = ApiError::body_too_large(2000, 1000);
+        assert_eq!(e.status, 413);
+        assert!(e.message.contains("1000"));
+        assert!(e.message.contains("maxRequestBodyBytes"));
+    }
+}

@@ -1,0 +1,242 @@
+//! Requests in flight per endpoint, counted across every Envoy worker.
+//!
+//! One shared-data record (key [`LEDGER_KEY`]) holds a row per worker VM with that
+//! VM's in-flight count per endpoint. A pick reads the record, sums the live rows,
+//! chooses the least-loaded endpoint and adds one to its own row, all in one CAS
+//! write, so two workers picking at the same instant cannot both see the same free
+//! endpoint. A release subtracts from the row of the VM that acquired (streams never
+//! move between workers).
+//!
+//! A VM that crashes (`FAIL_RELOAD`) leaves its row behind; rows not refreshed for
+//! [`WORKER_STALE_MS`] are dropped, so a dead VM's counts do not stick forever. Live
+//! VMs refresh their row from their tick ([`heartbeat`]); rows with nothing in flight
+//! are removed, which keeps the record small.
+
+use crate::picker::least_loaded;
+use crate::shared_store::{update, SharedStore, StoreError};
+use prost::Message;
+
+/// Shared-data key of the ledger (versioned: a new layout gets a new key).
+pub const LEDGER_KEY: &str = "epp.v1.inflight";
+/// A row not refreshed for this long belongs to a dead VM.
+pub const WORKER_STALE_MS: i64 = 10_000;
+
+/// The whole ledger, as stored.
+#[derive(Clone, PartialEq, Message)]
+pub struct Ledger {
+    /// One row per worker VM with requests in flight.
+    #[prost(message, repeated, tag = "1")]
+    pub workers: Vec<WorkerRow>,
+}
+
+/// One VM's share of the in-flight requests.
+#[derive(Clone, PartialEq, Message)]
+pub struct WorkerRow {
+    /// The VM's process-unique id.
+    #[prost(uint64, tag = "1")]
+    pub vm: u64,
+    /// When the VM last wrote or refreshed the row (ms, host clock).
+    #[prost(int64, tag = "2")]
+    pub seen_ms: i64,
+    /// In-flight count per endpoint address.
+    #[prost(message, repeated, tag = "3")]
+    pub counts: Vec<EndpointCount>,
+}
+
+/// In-flight requests of one VM on one endpoint.
+#[derive(Clone, PartialEq, Message)]
+pub struct EndpointCount {
+    /// `ip:port`.
+    #[prost(string, tag = "1")]
+    pub endpoint: String,
+    /// Requests in flight.
+    #[prost(uint32, tag = "2")]
+    pub in_flight: u32,
+}
+
+impl Ledger {
+    /// Requests in flight on `endpoint`, over every live VM.
+    pub fn in_flight(&self, endpoint: &str) -> u64 {
+        self.workers
+            .iter()
+            .flat_map(|w| w.counts.iter())
+            .filter(|c| c.endpoint == endpoint)
+            .map(|c| u64::from(c.in_flight))
+            .sum()
+    }
+
+    /// Drops the rows of VMs not seen for [`WORKER_STALE_MS`].
+    pub fn drop_stale(&mut self, now_ms: i64) {
+        self.workers
+            .retain(|w| now_ms.saturating_sub(w.seen_ms) < WORKER_STALE_MS);
+    }
+
+    /// Adds `delta` to `vm`'s count on `endpoint` (never below zero) and refreshes the row.
+    pub fn add(&mut self, vm: u64, endpoint: &str, delta: i64, now_ms: i64) {
+        let pos = match self.workers.iter().position(|w| w.vm == vm) {
+            Some(p) => p,
+            None => {
+                self.workers.push(WorkerRow {
+                    vm,
+                    seen_ms: now_ms,
+                    counts: Vec::new(),
+                });
+                self.workers.len() - 1
+            }
+        };
+        let Some(row) = self.workers.get_mut(pos) else {
+            return;
+        };
+        row.seen_ms = now_ms;
+        let idx = match row.counts.iter().position(|c| c.endpoint == endpoint) {
+            Some(i) => i,
+            None => {
+                row.counts.push(EndpointCount {
+                    endpoint: endpoint.to_string(),
+                    in_flight: 0,
+                });
+                row.counts.len() - 1
+            }
+        };
+        if let Some(c) = row.counts.get_mut(idx) {
+            let next = i64::from(c.in_flight).saturating_add(delta).max(0);
+            c.in_flight = u32::try_from(next).unwrap_or(u32::MAX);
+        }
+        row.counts.retain(|c| c.in_flight > 0);
+        self.workers.retain(|w| !w.counts.is_empty());
+    }
+}
+
+/// Picks the endpoint with the fewest requests in flight across all workers and counts
+/// one more request on it for `vm`, atomically. `None` when `candidates` is empty.
+pub fn acquire(
+    store: &impl SharedStore,
+    vm: u64,
+    candidates: &[&str],
+    now_ms: i64,
+    seed: u64,
+) -> Result<Option<String>, StoreError> {
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
+        ledger.drop_stale(now_ms);
+        let pick = least_loaded(candidates, |e| ledger.in_flight(e), seed)
+            .and_then(|i| candidates.get(i))
+            .map(|e| e.to_string());
+        if let Some(e) = &pick {
+            ledger.add(vm, e, 1, now_ms);
+        }
+        pick
+    })
+}
+
+/// Counts one request on `endpoint` as finished for `vm`.
+pub fn release(
+    store: &impl SharedStore,
+    vm: u64,
+    endpoint: &str,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
+        ledger.add(vm, endpoint, -1, now_ms);
+        ledger.drop_stale(now_ms);
+    })
+}
+
+/// Marks `vm` as alive (call it from the VM's tick), so its row is not taken for a dead VM's.
+pub fn heartbeat(store: &impl SharedStore, vm: u64, now_ms: i64) -> Result<(), StoreError> {
+    let Some(ledger) = crate::shared_store::read::<Ledger>(store, LEDGER_KEY)? else {
+        return Ok(());
+    };
+    if !ledger.workers.iter().any(|w| w.vm == vm) {
+        return Ok(());
+    }
+    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
+        if let Some(row) = ledger.workers.iter_mut().find(|w| w.vm == vm) {
+            row.seen_ms = now_ms;
+        }
+        ledger.drop_stale(now_ms);
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared_store::{read, MemoryStore};
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    const EPS: [&str; 3] = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"];
+
+    fn ledger(s: &MemoryStore) -> Ledger {
+        read(s, LEDGER_KEY).unwrap().unwrap_or_default()
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn picks_spread_over_idle_endpoints_whichever_worker_picks() {
+        let s = MemoryStore::default();
+        // Two workers (VM 1 and 2) alternate, always with the same tie-break seed.
+        let picks: Vec<String> = (0..6)
+            .map(|i| acquire(&s, 1 + i % 2, &EPS, 0, 0).unwrap().unwrap())
+            .collect();
+        for ep in EPS {
+            assert_eq!(picks.iter().filter(|p| *p == ep).count(), 2, "{picks:?}");
+            assert_eq!(ledger(&s).in_flight(ep), 2);
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_release_on_one_worker_makes_room_for_a_pick_on_another() {
+        let s = MemoryStore::default();
+        for _ in 0..3 {
+            acquire(&s, 1, &EPS, 0, 0).unwrap();
+        }
+        release(&s, 1, EPS[1], 5).unwrap();
+        assert_eq!(acquire(&s, 2, &EPS, 6, 0).unwrap().as_deref(), Some(EPS[1]));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn counts_return_to_zero_and_the_record_stays_small() {
+        let s = MemoryStore::default();
+        let mut held = Vec::new();
+        for i in 0..30 {
+            held.push((i % 3, acquire(&s, i % 3, &EPS, 0, i).unwrap().unwrap()));
+        }
+        for (vm, ep) in held {
+            release(&s, vm, &ep, 1).unwrap();
+        }
+        assert!(ledger(&s).workers.is_empty());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_dead_vms_counts_expire_but_a_live_idle_vms_do_not() {
+        let s = MemoryStore::default();
+        acquire(&s, 1, &EPS[..1], 0, 0).unwrap(); // VM 1 will die holding EPS[0]
+        acquire(&s, 2, &EPS[1..2], 0, 0).unwrap(); // VM 2 stays alive holding EPS[1]
+        heartbeat(&s, 2, WORKER_STALE_MS - 1).unwrap();
+        let later = WORKER_STALE_MS + 1;
+        heartbeat(&s, 2, later).unwrap();
+        let l = ledger(&s);
+        assert_eq!(
+            l.in_flight(EPS[0]),
+            0,
+            "dead VM's request no longer counted"
+        );
+        assert_eq!(l.in_flight(EPS[1]), 1, "live VM's request still counted");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn no_candidates_means_no_pick_and_no_count() {
+        let s = MemoryStore::default();
+        assert_eq!(acquire(&s, 1, &[], 0, 0).unwrap(), None);
+        assert!(ledger(&s).workers.is_empty());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_release_never_goes_below_zero() {
+        let s = MemoryStore::default();
+        release(&s, 1, EPS[0], 0).unwrap();
+        acquire(&s, 2, &EPS[..1], 0, 0).unwrap();
+        assert_eq!(ledger(&s).in_flight(EPS[0]), 1);
+    }
+}

@@ -1,0 +1,133 @@
+//! The metrics the filter exports, and how their labels are encoded in Envoy stat names.
+//!
+//! Proxy-Wasm metrics have no labels. Envoy recovers them from the stat name with
+//! the `stats_tags` rules in `envoy/stats-tags.yaml`: each label is written as
+//! `;<label>=.=<value>;.;` after the metric name, and the rule for `<label>` cuts that
+//! piece out and makes it a tag. So `/stats/prometheus` shows
+//! `inference_extension_scheduler_attempts_total{status="success"} 3`.
+//! The leading `;` keeps `model_name` from matching inside `target_model_name`.
+
+/// Prometheus metric type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down (workers add and subtract; nobody sets).
+    Gauge,
+    /// Observations in buckets (bucket bounds come from the Envoy bootstrap).
+    Histogram,
+}
+
+/// A metric: its reference name, type, and label names in encoding order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metric {
+    /// The name users see in Prometheus.
+    pub name: &'static str,
+    /// Its type.
+    pub kind: Kind,
+    /// Its labels, in the order values are passed to [`Metric::stat_name`].
+    pub labels: &'static [&'static str],
+}
+
+/// Scheduling attempts by outcome (`success` or `failure`) and the model targeted.
+pub const SCHEDULER_ATTEMPTS: Metric = Metric {
+    name: "inference_extension_scheduler_attempts_total",
+    kind: Kind::Counter,
+    labels: &["status", "target_model_name"],
+};
+
+/// Requests sent upstream and not yet finished, by model.
+pub const OBJECTIVE_RUNNING_REQUESTS: Metric = Metric {
+    name: "inference_objective_running_requests",
+    kind: Kind::Gauge,
+    labels: &["model_name"],
+};
+
+/// Requests that passed parsing, by model.
+pub const OBJECTIVE_REQUEST_TOTAL: Metric = Metric {
+    name: "inference_objective_request_total",
+    kind: Kind::Counter,
+    labels: &["model_name", "target_model_name"],
+};
+
+/// Requests the gateway answered with an error, by model and error code.
+pub const OBJECTIVE_REQUEST_ERROR_TOTAL: Metric = Metric {
+    name: "inference_objective_request_error_total",
+    kind: Kind::Counter,
+    labels: &["model_name", "target_model_name", "error_code"],
+};
+
+/// Every metric the filter defines.
+pub const ALL: &[Metric] = &[
+    SCHEDULER_ATTEMPTS,
+    OBJECTIVE_RUNNING_REQUESTS,
+    OBJECTIVE_REQUEST_TOTAL,
+    OBJECTIVE_REQUEST_ERROR_TOTAL,
+];
+
+impl Metric {
+    /// The Envoy stat name for one label combination. Missing values are empty;
+    /// `;` in a value becomes `_` so a value cannot break the encoding.
+    pub fn stat_name(&self, values: &[&str]) -> String {
+        let mut out = String::from(self.name);
+        for (i, label) in self.labels.iter().enumerate() {
+            let value = values.get(i).copied().unwrap_or("");
+            out.push(';');
+            out.push_str(label);
+            out.push_str("=.=");
+            out.extend(value.chars().map(|c| if c == ';' { '_' } else { c }));
+            out.push_str(";.;");
+        }
+        out
+    }
+}
+
+/// The reference's error codes for `inference_objective_request_error_total`.
+pub fn error_code(status: u16) -> &'static str {
+    match status {
+        400 | 413 => "BadRequest",
+        429 => "ResourceExhausted",
+        503 => "ServiceUnavailable",
+        500 => "Internal",
+        _ => "Unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn labels_are_encoded_in_order() {
+        assert_eq!(
+            SCHEDULER_ATTEMPTS.stat_name(&["success", "llama"]),
+            "inference_extension_scheduler_attempts_total;status=.=success;.;;target_model_name=.=llama;.;"
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_value_cannot_break_out_of_its_label() {
+        let name = OBJECTIVE_RUNNING_REQUESTS.stat_name(&["a;.;b"]);
+        assert_eq!(
+            name,
+            "inference_objective_running_requests;model_name=.=a_._b;.;"
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn every_label_has_a_stats_tags_rule_in_the_envoy_bootstrap() {
+        let rules = include_str!("../../envoy/stats-tags.yaml");
+        for metric in ALL {
+            for label in metric.labels {
+                let rule = format!("tag_name: {label}\n");
+                assert!(rules.contains(&rule), "no stats_tags rule for `{label}`");
+                let regex = format!("regex: '(;{label}=\\.=(.*?);\\.;)'");
+                assert!(
+                    rules.contains(&regex),
+                    "rule for `{label}` is not `{regex}`"
+                );
+            }
+        }
+    }
+}

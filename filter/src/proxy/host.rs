@@ -1,0 +1,285 @@
+//! Fallible host calls.
+//!
+//! The SDK's `hostcalls` wrappers `panic!` on any status they do not expect, and a panic
+//! kills the worker's VM. Every host call the filter makes goes through here instead:
+//! the raw ABI import, its status checked, an `Err(status)` returned on failure.
+
+#![allow(clashing_extern_declarations)]
+
+use std::ptr::{null, null_mut};
+
+/// A proxy-wasm status code other than Ok.
+pub type Status = u32;
+
+pub const OK: Status = 0;
+pub const NOT_FOUND: Status = 1;
+pub const CAS_MISMATCH: Status = 8;
+
+/// Header maps (proxy-wasm `MapType`).
+#[derive(Clone, Copy)]
+pub enum Map {
+    RequestHeaders = 0,
+    ResponseHeaders = 2,
+}
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
+    fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_get_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+        return_data: *mut *mut u8,
+        return_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        return_data: *mut *mut u8,
+        return_size: *mut usize,
+    ) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_data: *mut *mut u8,
+        return_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        return_data: *mut *mut u8,
+        return_size: *mut usize,
+        return_cas: *mut u32,
+    ) -> u32;
+    fn proxy_set_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+        cas: u32,
+    ) -> u32;
+    fn proxy_send_local_response(
+        status_code: u32,
+        details_data: *const u8,
+        details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+    fn proxy_define_metric(
+        metric_type: u32,
+        name_data: *const u8,
+        name_size: usize,
+        return_id: *mut u32,
+    ) -> u32;
+    fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+}
+
+fn check(status: u32) -> Result<(), Status> {
+    if status == OK {
+        Ok(())
+    } else {
+        Err(status)
+    }
+}
+
+/// Takes ownership of a buffer the host allocated in our memory (through the SDK's
+/// `proxy_on_memory_allocate`, which allocates a `Vec<u8>` of exactly that size).
+///
+/// # Safety
+/// `data` must be null or a pointer the host returned for `size` bytes.
+unsafe fn owned(data: *mut u8, size: usize) -> Vec<u8> {
+    if data.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: the host obtained `data` from our allocator for exactly `size` bytes.
+        unsafe { Vec::from_raw_parts(data, size, size) }
+    }
+}
+
+/// Host clock in milliseconds since the Unix epoch.
+pub fn now_ms() -> Result<i64, Status> {
+    let mut ns: u64 = 0;
+    // SAFETY: the out-pointer is valid for the call.
+    check(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
+    Ok(i64::try_from(ns / 1_000_000).unwrap_or(i64::MAX))
+}
+
+/// Sets this VM's root tick period.
+pub fn set_tick_period_ms(ms: u32) -> Result<(), Status> {
+    // SAFETY: plain value argument.
+    check(unsafe { proxy_set_tick_period_milliseconds(ms) })
+}
+
+fn get_buffer(buffer_type: u32, start: usize, max: usize) -> Result<Vec<u8>, Status> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: out-pointers are valid; the returned buffer is ours (see `owned`).
+    unsafe {
+        match proxy_get_buffer_bytes(buffer_type, start, max, &mut data, &mut size) {
+            OK => Ok(owned(data, size)),
+            NOT_FOUND => Ok(Vec::new()),
+            status => Err(status),
+        }
+    }
+}
+
+/// The buffered request body, bytes `0..size`.
+pub fn request_body(size: usize) -> Result<Vec<u8>, Status> {
+    get_buffer(0, 0, size)
+}
+
+/// The plugin configuration (the `configuration` string of the Envoy filter).
+pub fn plugin_configuration() -> Result<Vec<u8>, Status> {
+    get_buffer(7, 0, usize::MAX)
+}
+
+/// One header value; `None` when absent.
+pub fn header(map: Map, name: &str) -> Result<Option<String>, Status> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: key slice and out-pointers are valid for the call.
+    unsafe {
+        match proxy_get_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            &mut data,
+            &mut size,
+        ) {
+            OK => Ok(Some(
+                String::from_utf8_lossy(&owned(data, size)).into_owned(),
+            )),
+            NOT_FOUND => Ok(None),
+            status => Err(status),
+        }
+    }
+}
+
+/// Sets (replaces) a header.
+pub fn set_header(map: Map, name: &str, value: &str) -> Result<(), Status> {
+    // SAFETY: slices are valid for the call.
+    check(unsafe {
+        proxy_replace_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    })
+}
+
+/// Removes a header (absent is fine).
+pub fn remove_header(map: Map, name: &str) -> Result<(), Status> {
+    // SAFETY: slice is valid for the call.
+    match unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) } {
+        OK | NOT_FOUND => Ok(()),
+        status => Err(status),
+    }
+}
+
+/// A property such as `["upstream", "address"]`; `None` when not available.
+pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
+    let serialized = path.join("\0");
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: path slice and out-pointers are valid; the returned buffer is ours.
+    unsafe {
+        match proxy_get_property(serialized.as_ptr(), serialized.len(), &mut data, &mut size) {
+            OK => Ok(Some(owned(data, size))),
+            NOT_FOUND => Ok(None),
+            status => Err(status),
+        }
+    }
+}
+
+/// Reads shared data: `None` when the key was never written, else bytes and CAS token.
+pub fn get_shared(key: &str) -> Result<Option<(Vec<u8>, u32)>, Status> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let mut cas = 0u32;
+    // SAFETY: key slice and out-pointers are valid; the returned buffer is ours.
+    unsafe {
+        match proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas) {
+            OK => Ok(Some((owned(data, size), cas))),
+            NOT_FOUND => Ok(None),
+            status => Err(status),
+        }
+    }
+}
+
+/// Writes shared data; with `cas != 0` only if unchanged since that token (else `CAS_MISMATCH`).
+pub fn set_shared(key: &str, value: &[u8], cas: u32) -> Result<(), Status> {
+    // SAFETY: slices are valid for the call.
+    check(unsafe {
+        proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas)
+    })
+}
+
+/// Answers the current stream locally (runs after the callback returns).
+pub fn send_local_response(
+    status: u16,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(), Status> {
+    let serialized = serialize_headers(headers);
+    // SAFETY: slices are valid for the call.
+    check(unsafe {
+        proxy_send_local_response(
+            u32::from(status),
+            null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            serialized.as_ptr(),
+            serialized.len(),
+            -1,
+        )
+    })
+}
+
+/// Header pairs in the ABI's wire format: count, then (key len, value len) pairs, then
+/// NUL-terminated keys and values.
+fn serialize_headers(headers: &[(&str, &str)]) -> Vec<u8> {
+    let len32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
+    let mut out = Vec::new();
+    out.extend_from_slice(&len32(headers.len()));
+    for (k, v) in headers {
+        out.extend_from_slice(&len32(k.len()));
+        out.extend_from_slice(&len32(v.len()));
+    }
+    for (k, v) in headers {
+        out.extend_from_slice(k.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+/// Defines (or finds) a process-wide metric; returns this VM's id for it.
+pub fn define_metric(kind: u32, name: &str) -> Result<u32, Status> {
+    let mut id = 0u32;
+    // SAFETY: slice and out-pointer are valid for the call.
+    check(unsafe { proxy_define_metric(kind, name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+/// Adds `delta` to a counter or gauge.
+pub fn increment_metric(id: u32, delta: i64) -> Result<(), Status> {
+    // SAFETY: plain value arguments.
+    check(unsafe { proxy_increment_metric(id, delta) })
+}

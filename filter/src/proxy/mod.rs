@@ -1,0 +1,17 @@
+//! The proxy layer: Envoy's Proxy-Wasm callbacks mapped onto the core.
+//!
+//! * `root` — one per plugin per VM: configuration, ticks, HTTP context creation.
+//! * `http` — one per request: the request's path through the filter.
+//! * `host` — every host call, fallible (never the SDK's panicking wrappers).
+//! * `store`, `stats` — shared data and metrics as the core needs them.
+
+mod host;
+mod http;
+mod root;
+mod stats;
+mod store;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| Box::new(root::Root::default()));
+}}

@@ -1,0 +1,1 @@
+//! vllm-sim: a vLLM model-server simulator (being built).

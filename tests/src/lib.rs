@@ -1,0 +1,24 @@
+//! What the integration tests share: where the built artifacts are, processes that
+//! stop when dropped (a pool of `vllm-sim` servers, an Envoy with the filter), and a
+//! small blocking HTTP/1.1 client that timestamps every piece of a streamed body.
+//!
+//! The artifacts are built by `scripts/test` (release `.wasm`, release `vllm-sim`,
+//! Envoy in `.venv`); a missing one fails the test with the command that builds it.
+
+pub mod envoy;
+pub mod http;
+pub mod paths;
+pub mod sim;
+
+/// A fresh scratch directory for one test process's files.
+pub fn scratch_dir(tag: &str) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "epp-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    dir
+}

@@ -1,0 +1,56 @@
+//! A pool of `vllm-sim` processes on ephemeral loopback ports.
+
+use crate::paths;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// One running `vllm-sim`; killed when dropped.
+pub struct Sim {
+    child: Child,
+    /// `ip:port` it listens on (and names itself by, in `x-sim-server`).
+    pub address: String,
+}
+
+impl Sim {
+    /// Starts `vllm-sim --port 0 <args>` and waits for its "listening on" line.
+    pub fn start(args: &[&str]) -> Sim {
+        let mut child = Command::new(paths::vllm_sim())
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start vllm-sim: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        let address = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("vllm-sim did not print its address within 20 s");
+            }
+        };
+        Sim { child, address }
+    }
+
+    /// Starts `n` servers with the same arguments.
+    pub fn pool(n: usize, args: &[&str]) -> Vec<Sim> {
+        (0..n).map(|_| Sim::start(args)).collect()
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
