@@ -52,6 +52,9 @@ pub struct EndpointCount {
     /// Requests in flight.
     #[prost(uint32, tag = "2")]
     pub in_flight: u32,
+    /// Estimated tokens of those requests (token-load scorer, affinity TTFT gate).
+    #[prost(uint64, tag = "3")]
+    pub tokens: u64,
 }
 
 impl Ledger {
@@ -65,6 +68,17 @@ impl Ledger {
             .sum()
     }
 
+    /// Requests and tokens in flight per endpoint, over every live VM.
+    pub fn totals(&self) -> hashbrown::HashMap<&str, (u64, u64)> {
+        let mut out: hashbrown::HashMap<&str, (u64, u64)> = hashbrown::HashMap::new();
+        for c in self.workers.iter().flat_map(|w| w.counts.iter()) {
+            let e = out.entry(c.endpoint.as_str()).or_default();
+            e.0 += u64::from(c.in_flight);
+            e.1 += c.tokens;
+        }
+        out
+    }
+
     /// Drops the rows of VMs not seen for [`WORKER_STALE_MS`].
     pub fn drop_stale(&mut self, now_ms: i64) {
         self.workers
@@ -73,6 +87,18 @@ impl Ledger {
 
     /// Adds `delta` to `vm`'s count on `endpoint` (never below zero) and refreshes the row.
     pub fn add(&mut self, vm: u64, endpoint: &str, delta: i64, now_ms: i64) {
+        self.add_with_tokens(vm, endpoint, delta, 0, now_ms);
+    }
+
+    /// Like [`Ledger::add`], also adding `tokens` (may be negative) to the token count.
+    pub fn add_with_tokens(
+        &mut self,
+        vm: u64,
+        endpoint: &str,
+        delta: i64,
+        tokens: i64,
+        now_ms: i64,
+    ) {
         let pos = match self.workers.iter().position(|w| w.vm == vm) {
             Some(p) => p,
             None => {
@@ -94,6 +120,7 @@ impl Ledger {
                 row.counts.push(EndpointCount {
                     endpoint: endpoint.to_string(),
                     in_flight: 0,
+                    tokens: 0,
                 });
                 row.counts.len() - 1
             }
@@ -101,6 +128,14 @@ impl Ledger {
         if let Some(c) = row.counts.get_mut(idx) {
             let next = i64::from(c.in_flight).saturating_add(delta).max(0);
             c.in_flight = u32::try_from(next).unwrap_or(u32::MAX);
+            let t = i64::try_from(c.tokens)
+                .unwrap_or(i64::MAX)
+                .saturating_add(tokens)
+                .max(0);
+            c.tokens = u64::try_from(t).unwrap_or(0);
+            if c.in_flight == 0 {
+                c.tokens = 0;
+            }
         }
         row.counts.retain(|c| c.in_flight > 0);
         self.workers.retain(|w| !w.counts.is_empty());
@@ -128,6 +163,41 @@ pub fn acquire(
             ledger.add(vm, e, 1, now_ms);
         }
         pick
+    })
+}
+
+/// Runs `choose` on the current ledger (stale rows dropped) and counts one request of
+/// `tokens` on the endpoint it returns for `vm`, atomically: if another worker wrote the
+/// ledger meanwhile, `choose` runs again on the new state. Returns what `choose` returned.
+pub fn acquire_with<R>(
+    store: &impl SharedStore,
+    vm: u64,
+    now_ms: i64,
+    mut choose: impl FnMut(&Ledger) -> (Option<(String, u64)>, R),
+) -> Result<R, StoreError> {
+    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
+        ledger.drop_stale(now_ms);
+        let (pick, result) = choose(ledger);
+        if let Some((endpoint, tokens)) = pick {
+            let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+            ledger.add_with_tokens(vm, &endpoint, 1, tokens, now_ms);
+        }
+        result
+    })
+}
+
+/// Counts one request of `tokens` on `endpoint` as finished for `vm`.
+pub fn release_with_tokens(
+    store: &impl SharedStore,
+    vm: u64,
+    endpoint: &str,
+    tokens: u64,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
+        ledger.add_with_tokens(vm, endpoint, -1, -tokens, now_ms);
+        ledger.drop_stale(now_ms);
     })
 }
 
@@ -229,6 +299,24 @@ mod tests {
     fn no_candidates_means_no_pick_and_no_count() {
         let s = MemoryStore::default();
         assert_eq!(acquire(&s, 1, &[], 0, 0).unwrap(), None);
+        assert!(ledger(&s).workers.is_empty());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn tokens_are_counted_with_requests_and_released_with_them() {
+        let s = MemoryStore::default();
+        for vm in [1, 2] {
+            let got = acquire_with(&s, vm, 0, |l| {
+                let t = l.totals().get(EPS[0]).copied().unwrap_or_default();
+                (Some((EPS[0].to_string(), 100)), t)
+            })
+            .unwrap();
+            assert_eq!(got, if vm == 1 { (0, 0) } else { (1, 100) });
+        }
+        assert_eq!(ledger(&s).totals()[EPS[0]], (2, 200));
+        release_with_tokens(&s, 1, EPS[0], 100, 1).unwrap();
+        assert_eq!(ledger(&s).totals()[EPS[0]], (1, 100));
+        release_with_tokens(&s, 2, EPS[0], 100, 1).unwrap();
         assert!(ledger(&s).workers.is_empty());
     }
 

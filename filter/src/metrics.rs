@@ -6,6 +6,16 @@
 //! piece out and makes it a tag. So `/stats/prometheus` shows
 //! `inference_extension_scheduler_attempts_total{status="success"} 3`.
 //! The leading `;` keeps `model_name` from matching inside `target_model_name`.
+//!
+//! Envoy stats are integers, so three values are scaled (the names stay the reference's):
+//! * `inference_pool_average_kv_cache_utilization` is in **percent** (0–100), rounded;
+//! * `inference_extension_prefix_indexer_hit_ratio` observes **percent** (0–100);
+//! * the `*_duration_seconds` histograms observe **microseconds** (bucket bounds in
+//!   `envoy/bootstrap.yaml.in` are the reference's SCHED buckets × 10⁶).
+//!
+//! Gauges that describe the pool (`inference_pool_*`, `inference_extension_prefix_indexer_size`,
+//! `inference_extension_info`) are *set* (`record_metric`) by the VM holding the scrape
+//! lease; per-request metrics are incremented by the worker that owns the request.
 
 /// Prometheus metric type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,12 +67,105 @@ pub const OBJECTIVE_REQUEST_ERROR_TOTAL: Metric = Metric {
     labels: &["model_name", "target_model_name", "error_code"],
 };
 
+/// Endpoints with fresh metrics (≤ 2 s), by pool.
+pub const POOL_READY_PODS: Metric = Metric {
+    name: "inference_pool_ready_pods",
+    kind: Kind::Gauge,
+    labels: &["name"],
+};
+
+/// Mean KV-cache utilization over fresh endpoints, in percent.
+pub const POOL_AVERAGE_KV: Metric = Metric {
+    name: "inference_pool_average_kv_cache_utilization",
+    kind: Kind::Gauge,
+    labels: &["name"],
+};
+
+/// Mean waiting queue over fresh endpoints (rounded).
+pub const POOL_AVERAGE_QUEUE: Metric = Metric {
+    name: "inference_pool_average_queue_size",
+    kind: Kind::Gauge,
+    labels: &["name"],
+};
+
+/// Waiting queue of each endpoint.
+pub const POOL_PER_POD_QUEUE: Metric = Metric {
+    name: "inference_pool_per_pod_queue_size",
+    kind: Kind::Gauge,
+    labels: &["name", "model_server_pod"],
+};
+
+/// Mean running requests over fresh endpoints (rounded).
+pub const POOL_AVERAGE_RUNNING: Metric = Metric {
+    name: "inference_pool_average_running_requests",
+    kind: Kind::Gauge,
+    labels: &["name"],
+};
+
+/// End-to-end scheduling latency (microseconds).
+pub const SCHEDULER_E2E_DURATION: Metric = Metric {
+    name: "inference_extension_scheduler_e2e_duration_seconds",
+    kind: Kind::Histogram,
+    labels: &[],
+};
+
+/// Per-plugin latency (microseconds).
+pub const PLUGIN_DURATION: Metric = Metric {
+    name: "inference_extension_plugin_duration_seconds",
+    kind: Kind::Histogram,
+    labels: &["extension_point", "plugin_type", "plugin_name"],
+};
+
+/// Entries in the prefix index.
+pub const PREFIX_INDEXER_SIZE: Metric = Metric {
+    name: "inference_extension_prefix_indexer_size",
+    kind: Kind::Gauge,
+    labels: &[],
+};
+
+/// Matched share of a request's blocks on the chosen endpoint (percent).
+pub const PREFIX_INDEXER_HIT_RATIO: Metric = Metric {
+    name: "inference_extension_prefix_indexer_hit_ratio",
+    kind: Kind::Histogram,
+    labels: &[],
+};
+
+/// Bytes of prompt matched on the chosen endpoint (`matched × blockSize × 4`).
+pub const PREFIX_INDEXER_HIT_BYTES: Metric = Metric {
+    name: "inference_extension_prefix_indexer_hit_bytes",
+    kind: Kind::Histogram,
+    labels: &[],
+};
+
+/// Build information, always 1.
+pub const INFO: Metric = Metric {
+    name: "inference_extension_info",
+    kind: Kind::Gauge,
+    labels: &["commit", "build_ref"],
+};
+
+/// The build's version (metric label `commit`).
+pub const COMMIT: &str = env!("CARGO_PKG_VERSION");
+/// The build reference (metric label `build_ref`).
+pub const BUILD_REF: &str = concat!("epp-filter-", env!("CARGO_PKG_VERSION"));
+
 /// Every metric the filter defines.
 pub const ALL: &[Metric] = &[
     SCHEDULER_ATTEMPTS,
     OBJECTIVE_RUNNING_REQUESTS,
     OBJECTIVE_REQUEST_TOTAL,
     OBJECTIVE_REQUEST_ERROR_TOTAL,
+    POOL_READY_PODS,
+    POOL_AVERAGE_KV,
+    POOL_AVERAGE_QUEUE,
+    POOL_PER_POD_QUEUE,
+    POOL_AVERAGE_RUNNING,
+    SCHEDULER_E2E_DURATION,
+    PLUGIN_DURATION,
+    PREFIX_INDEXER_SIZE,
+    PREFIX_INDEXER_HIT_RATIO,
+    PREFIX_INDEXER_HIT_BYTES,
+    INFO,
 ];
 
 impl Metric {

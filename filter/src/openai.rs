@@ -43,6 +43,8 @@ pub struct InferenceRequest {
     pub prompt: String,
     /// `max_tokens` / `max_completion_tokens`, when given.
     pub max_tokens: Option<u64>,
+    /// `cache_salt`, when given (it scopes prefix-cache hashes).
+    pub cache_salt: Option<String>,
 }
 
 /// Parses a request body for `api`. Errors are the 400s a client should see.
@@ -99,12 +101,17 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
         Api::Completions => completion_prompt(obj.get("prompt"))?,
         Api::ChatCompletions => chat_prompt(obj.get("messages"))?,
     };
+    let cache_salt = obj
+        .get("cache_salt")
+        .and_then(Value::as_str)
+        .map(str::to_string);
     Ok(InferenceRequest {
         api,
         model,
         stream,
         prompt,
         max_tokens,
+        cache_salt,
     })
 }
 

@@ -6,12 +6,18 @@ Used by scripts/run and by the end-to-end tests, so both run the same Envoy setu
   render.py --wasm PATH --listen-port N --admin-port N [--config FILE]
             [--endpoints ip:port,...] [--no-filter] > bootstrap.yaml
 
---config is the filter configuration (JSON); --endpoints, when given, replaces its
-pool.endpoints. Port 0 lets the kernel choose (read the ports back from the admin API).
+--config is the filter configuration: JSON, or YAML as in the reference's docs (a .yaml/.yml
+file, or anything that is not JSON), which the workspace's `epp-config` tool validates and
+turns into JSON (built on first use). --endpoints, when given, replaces its pool.endpoints.
+A listener port 0 lets the kernel choose (read it back from the admin API); an admin port 0
+is replaced by a free port, because the bootstrap's `epp-admin` cluster (endpoint discovery)
+must name it.
 """
 import argparse
 import json
 import os
+import socket
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,15 +39,20 @@ def main():
     if a.config:
         with open(a.config) as f:
             text = f.read()
+        yaml_file = a.config.endswith((".yaml", ".yml"))
         try:
-            config = json.loads(text) if text.strip() else {}
-        except json.JSONDecodeError as e:
-            sys.exit(f"render.py: {a.config} is not valid JSON: {e}")
+            config = json.loads(text) if text.strip() and not yaml_file else {}
+        except json.JSONDecodeError:
+            yaml_file = True
+        if yaml_file:
+            config = from_yaml(a.config)
     if a.endpoints:
         config.setdefault("pool", {})["endpoints"] = [e for e in a.endpoints.split(",") if e]
     limit = config.get("pool", {}).get("maxRequestBodyBytes", DEFAULT_BODY_LIMIT)
     if not isinstance(limit, int) or limit <= 0:
         limit = DEFAULT_BODY_LIMIT
+
+    admin_port = a.admin_port or free_port()
 
     def read(name):
         with open(os.path.join(ENVOY_DIR, name)) as f:
@@ -56,12 +67,39 @@ def main():
                    .replace("{{WASM}}", json.dumps(os.path.abspath(a.wasm)))
                    .rstrip("\n"))
     out = (read("bootstrap.yaml.in")
-           .replace("{{ADMIN_PORT}}", str(a.admin_port))
+           .replace("{{ADMIN_PORT}}", str(admin_port))
            .replace("{{LISTEN_PORT}}", str(a.listen_port))
            .replace("{{BUFFER_LIMIT}}", str(2 * limit + 65536))
            .replace("{{STATS_TAGS}}", tags)
            .replace("{{HTTP_FILTERS}}", filters))
     sys.stdout.write(out)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def from_yaml(path):
+    """Validates a YAML (or JSON) EndpointPickerConfig with `epp-config` and returns it as JSON."""
+    tool = None
+    for profile in ("release", "debug"):
+        candidate = os.path.join(ROOT, "target", profile, "epp-config")
+        if os.access(candidate, os.X_OK):
+            tool = candidate
+            break
+    if tool is None:
+        build = ["cargo", "build", "--quiet", "--release", "-p", "filter", "--features", "cli",
+                 "--bin", "epp-config"]
+        r = subprocess.run(build, cwd=ROOT)
+        if r.returncode != 0:
+            sys.exit("render.py: cannot build the epp-config tool")
+        tool = os.path.join(ROOT, "target", "release", "epp-config")
+    r = subprocess.run([tool, path], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"render.py: {r.stderr.strip()}")
+    return json.loads(r.stdout)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,13 @@ pub const OK: Status = 0;
 pub const NOT_FOUND: Status = 1;
 pub const CAS_MISMATCH: Status = 8;
 
-/// Header maps (proxy-wasm `MapType`).
+/// Header maps (proxy-wasm `MapType`), named as in the ABI.
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, Copy)]
 pub enum Map {
     RequestHeaders = 0,
     ResponseHeaders = 2,
+    HttpCallResponseHeaders = 6,
 }
 
 #[link(wasm_import_module = "env")]
@@ -85,6 +87,14 @@ extern "C" {
         return_id: *mut u32,
     ) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
+    fn proxy_set_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        size: usize,
+        data: *const u8,
+        data_size: usize,
+    ) -> u32;
 }
 
 fn check(status: u32) -> Result<(), Status> {
@@ -139,6 +149,31 @@ fn get_buffer(buffer_type: u32, start: usize, max: usize) -> Result<Vec<u8>, Sta
 /// The buffered request body, bytes `0..size`.
 pub fn request_body(size: usize) -> Result<Vec<u8>, Status> {
     get_buffer(0, 0, size)
+}
+
+/// Replaces the whole buffered request body.
+pub fn set_request_body(current_size: usize, body: &[u8]) -> Result<(), Status> {
+    // SAFETY: the slice is valid for the call.
+    check(unsafe { proxy_set_buffer_bytes(0, 0, current_size, body.as_ptr(), body.len()) })
+}
+
+/// The body of the HTTP callout response being delivered.
+pub fn http_call_body(size: usize) -> Result<Vec<u8>, Status> {
+    get_buffer(4, 0, size)
+}
+
+/// Sends an HTTP callout from the current (root) context; the response arrives in the
+/// root's `on_http_call_response` with the returned token. Goes through the SDK so its
+/// dispatcher knows the token (it returns `Err` for the statuses Envoy uses here).
+pub fn http_call(cluster: &str, headers: &[(&str, &str)], timeout_ms: u64) -> Result<u32, Status> {
+    proxy_wasm::hostcalls::dispatch_http_call(
+        cluster,
+        headers.to_vec(),
+        None,
+        Vec::new(),
+        std::time::Duration::from_millis(timeout_ms),
+    )
+    .map_err(|s| s as u32)
 }
 
 /// The plugin configuration (the `configuration` string of the Envoy filter).
@@ -276,6 +311,12 @@ pub fn define_metric(kind: u32, name: &str) -> Result<u32, Status> {
     // SAFETY: slice and out-pointer are valid for the call.
     check(unsafe { proxy_define_metric(kind, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
+}
+
+/// Sets a gauge or records a histogram observation.
+pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
+    // SAFETY: plain value arguments.
+    check(unsafe { proxy_record_metric(id, value) })
 }
 
 /// Adds `delta` to a counter or gauge.

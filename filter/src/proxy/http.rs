@@ -1,48 +1,69 @@
 //! One request's path through the filter.
 //!
 //! Headers: strip the headers only the gateway may set, pause for the body.
-//! Body: buffer to the end, enforce the size limit (413), parse (400), pick the
-//! endpoint with the fewest requests in flight across workers, write
-//! `x-gateway-destination-endpoint`, continue. Response: name the endpoint that served.
-//! End of stream, however it ends: release the in-flight count.
+//! Body: buffer to the end, enforce the size limit (413), parse (400), apply the model
+//! rewrite, then schedule: candidates (static + discovered endpoints, minus failing ones,
+//! within the subset hint) with their snapshots and in-flight counts → the configured
+//! profiles → `x-gateway-destination-endpoint` (primary, then fallbacks) and, for P/D,
+//! `x-prefiller-host-port`. The pick and its in-flight count are one CAS on the ledger;
+//! the prefix index learns the pick here and, through the shared log, on every worker.
+//! No endpoint → 503 JSON (or, with `pool.failOpen`, any healthy endpoint).
+//! Response: name the endpoint that served (and the session token). End of stream,
+//! however it ends: release the in-flight count.
 
+use super::state::{self, Runtime};
 use super::{host, host::Map, stats, store::HostStore};
-use crate::config::Config;
+use crate::datalayer::{candidates, parse_subset};
 use crate::errors::ApiError;
 use crate::inflight;
 use crate::metrics;
-use crate::openai::{parse_request, Api};
+use crate::openai::{parse_request, Api, InferenceRequest};
+use crate::prefix::shared;
+use crate::rng::Rng;
+use crate::scheduler::scorers::session_affinity::{self, SESSION_HEADER};
+use crate::scheduler::{Candidate, Probe, Request};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
 
-/// Request header carrying the chosen endpoint to the ORIGINAL_DST cluster.
+/// Request header carrying the chosen endpoints to the ORIGINAL_DST cluster.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
 /// Response header naming the endpoint that served.
 pub const SERVED: &str = "x-gateway-destination-endpoint-served";
+/// Request header restricting the candidates (set by the route or an earlier filter).
+pub const SUBSET: &str = "x-gateway-destination-endpoint-subset";
+/// Request header naming the prefill endpoint (P/D).
+pub const PREFILLER: &str = "x-prefiller-host-port";
+/// Model rewrite request headers (GIE name, router name).
+const REWRITE_HEADERS: [&str; 2] = ["x-gateway-model-name-rewrite", "x-llm-d-model-name-rewrite"];
 /// Headers a client must not set: the gateway owns them.
-const SYSTEM_OWNED: [&str; 2] = [DESTINATION, SERVED];
+const SYSTEM_OWNED: [&str; 3] = [DESTINATION, SERVED, PREFILLER];
 
 /// A request scheduled to an endpoint and not yet finished.
 struct InFlight {
     endpoint: String,
     model: String,
+    tokens: u64,
 }
 
 pub struct Http {
     id: u32,
     vm: u64,
-    config: Rc<Config>,
+    rt: Rc<Runtime>,
     path: String,
     in_flight: Option<InFlight>,
 }
 
+fn now_ns() -> u64 {
+    host::now_ms().map_or(0, |ms| ms.unsigned_abs().saturating_mul(1_000_000))
+}
+
 impl Http {
-    pub fn new(id: u32, config: Rc<Config>, vm: u64) -> Self {
+    pub fn new(id: u32, rt: Rc<Runtime>, vm: u64) -> Self {
         Self {
             id,
             vm,
-            config,
+            rt,
             path: String::new(),
             in_flight: None,
         }
@@ -70,59 +91,248 @@ impl Http {
         }
     }
 
-    /// Picks the endpoint, writes the destination header, counts the request in flight.
-    fn schedule(&mut self, model: &str) -> Action {
-        let candidates: Vec<&str> = self
-            .config
-            .pool
-            .endpoints
-            .iter()
-            .map(|e| e.address.as_str())
-            .collect();
+    fn fail_schedule(&mut self, model: &str, why: &str) -> Action {
+        stats::add(&metrics::SCHEDULER_ATTEMPTS, &["failure", model], 1);
+        self.reject(&ApiError::unavailable(why), model)
+    }
+
+    /// Chooses the endpoint(s), writes the destination headers, counts the request.
+    fn schedule(
+        &mut self,
+        request: Option<&InferenceRequest>,
+        model: &str,
+        target: &str,
+        body_bytes: usize,
+    ) -> Action {
+        let rt = self.rt.clone();
         let now = host::now_ms().unwrap_or(0);
-        let seed = u64::from(self.id) ^ self.vm.rotate_left(32);
-        let picked = match inflight::acquire(&HostStore, self.vm, &candidates, now, seed) {
-            Ok(p) => p,
+        let start_ns = now_ns();
+        let subset = host::header(Map::RequestHeaders, SUBSET)
+            .ok()
+            .flatten()
+            .map(|v| parse_subset(&v));
+        let session = host::header(Map::RequestHeaders, SESSION_HEADER)
+            .ok()
+            .flatten();
+        let discovery = rt.config.pool.discovery.is_some();
+        let mut cands: Vec<Candidate> = state::with_view(discovery, |v| {
+            candidates(
+                &rt.config.pool.endpoints,
+                &v.discovered,
+                &v.snapshots,
+                subset.as_deref(),
+            )
+        });
+        let sreq = Request {
+            model: target,
+            prompt: request.map_or("", |r| r.prompt.as_str()),
+            cache_salt: request.and_then(|r| r.cache_salt.as_deref()),
+            body_bytes,
+            session_token: session.as_deref(),
+            now_ms: now,
+        };
+        let tokens = sreq.token_estimate();
+        let seed =
+            u64::from(self.id) ^ self.vm.rotate_left(32) ^ now.unsigned_abs().rotate_left(17);
+        let vm = self.vm;
+        let clock: &dyn Fn() -> u64 = &now_ns;
+        let scheduler = &rt.scheduler;
+        let outcome = state::with_prefix(vm, |index| {
+            let result = inflight::acquire_with(&HostStore, vm, now, |ledger| {
+                let totals = ledger.totals();
+                for c in cands.iter_mut() {
+                    let (n, t) = totals.get(c.address.as_str()).copied().unwrap_or_default();
+                    c.in_flight = n;
+                    c.in_flight_tokens = t;
+                }
+                let mut rng = Rng::new(seed);
+                let mut probe = Probe::new(Some(clock));
+                let decision = scheduler.schedule(&sreq, &cands, index, &mut rng, &mut probe);
+                let pick = decision
+                    .as_ref()
+                    .ok()
+                    .and_then(|d| d.primary())
+                    .and_then(|i| cands.get(i))
+                    .map(|c| (c.address.clone(), tokens));
+                (pick, (decision, probe.samples))
+            });
+            if let Ok((Ok(d), _)) = &result {
+                // The prefix index learns the pick: here at once, elsewhere via the log.
+                for i in [d.primary(), d.prefill].into_iter().flatten() {
+                    if let Some(c) = cands.get(i) {
+                        let cap = scheduler.lru_capacity(c);
+                        index.insert(
+                            &c.address,
+                            &d.hashes,
+                            usize::try_from(cap).unwrap_or(usize::MAX),
+                        );
+                        if !d.hashes.is_empty() {
+                            if let Err(e) =
+                                shared::publish(&HostStore, vm, &c.address, &d.hashes, cap)
+                            {
+                                log::debug!("prefix log publish failed: {e:?}");
+                            }
+                        }
+                    }
+                }
+            }
+            result
+        });
+        let (decision, samples) = match outcome {
+            Ok(r) => r,
             Err(e) => {
                 log::error!("in-flight ledger unavailable: {e:?}");
                 return self.fail_schedule(model, "the gateway's endpoint state is unavailable");
             }
         };
-        let Some(endpoint) = picked else {
+        for s in &samples {
+            stats::observe(
+                &metrics::PLUGIN_DURATION,
+                &[s.extension_point, &s.plugin_type, &s.plugin_name],
+                s.ns / 1_000,
+            );
+        }
+        let decision = match decision {
+            Ok(d) => d,
+            Err(e) => {
+                if rt.config.pool.fail_open {
+                    if let Some(action) = self.fail_open(&cands, model, tokens, now) {
+                        return action;
+                    }
+                }
+                return self.fail_schedule(model, &e.to_string());
+            }
+        };
+        let addr = |i: usize| cands.get(i).map(|c| c.address.clone());
+        let targets: Vec<String> = decision.targets.iter().filter_map(|&i| addr(i)).collect();
+        let Some(primary) = targets.first().cloned() else {
             return self.fail_schedule(model, "no model server endpoint is available");
         };
-        if let Err(status) = host::set_header(Map::RequestHeaders, DESTINATION, &endpoint) {
+        scheduler.pre_request(&sreq, &cands, &decision);
+        if let Err(status) = host::set_header(Map::RequestHeaders, DESTINATION, &targets.join(","))
+        {
             log::error!("cannot set {DESTINATION}: status {status}");
-            if let Err(e) = inflight::release(&HostStore, self.vm, &endpoint, now) {
+            if let Err(e) = inflight::release_with_tokens(&HostStore, vm, &primary, tokens, now) {
                 log::warn!("in-flight release failed: {e:?}");
             }
             return self.fail_schedule(model, "the gateway could not route the request");
         }
+        if let Some(p) = decision.prefill.and_then(addr) {
+            if let Err(status) = host::set_header(Map::RequestHeaders, PREFILLER, &p) {
+                log::warn!("cannot set {PREFILLER}: status {status}");
+            }
+        } else if decision.disaggregated {
+            log::warn!("P/D: prefill was decided but no prefill endpoint is available; decode runs alone on {primary}");
+        }
+        if let Some(i) = decision.primary() {
+            if let Some(m) = decision.prefix.get(i) {
+                stats::observe(
+                    &metrics::PREFIX_INDEXER_HIT_RATIO,
+                    &[],
+                    (m.ratio() * 100.0).round() as u64,
+                );
+                let bytes = u64::from(m.matched)
+                    * u64::from(m.block_size_tokens)
+                    * crate::prefix::CHARS_PER_TOKEN;
+                stats::observe(&metrics::PREFIX_INDEXER_HIT_BYTES, &[], bytes);
+            }
+        }
+        stats::observe(
+            &metrics::SCHEDULER_E2E_DURATION,
+            &[],
+            now_ns().saturating_sub(start_ns) / 1_000,
+        );
+        self.admitted(primary, model, tokens);
+        Action::Continue
+    }
+
+    /// `pool.failOpen`: any healthy endpoint when the scheduler chose none.
+    fn fail_open(
+        &mut self,
+        cands: &[Candidate],
+        model: &str,
+        tokens: u64,
+        now: i64,
+    ) -> Option<Action> {
+        let pool: Vec<String> = if cands.is_empty() {
+            state::with_view(self.rt.config.pool.discovery.is_some(), |v| {
+                candidates(
+                    &self.rt.config.pool.endpoints,
+                    &v.discovered,
+                    &v.snapshots,
+                    None,
+                )
+            })
+            .into_iter()
+            .map(|c| c.address)
+            .collect()
+        } else {
+            cands.iter().map(|c| c.address.clone()).collect()
+        };
+        let mut rng = Rng::new(u64::from(self.id) ^ now.unsigned_abs());
+        let pick = pool.get(rng.below(pool.len()))?.clone();
+        let counted = inflight::acquire_with(&HostStore, self.vm, now, |_| {
+            (Some((pick.clone(), tokens)), ())
+        });
+        if counted.is_err() {
+            return None;
+        }
+        if host::set_header(Map::RequestHeaders, DESTINATION, &pick).is_err() {
+            let _ = inflight::release_with_tokens(&HostStore, self.vm, &pick, tokens, now);
+            return None;
+        }
+        log::debug!("fail-open: no endpoint was chosen, sending to {pick}");
+        self.admitted(pick, model, tokens);
+        Some(Action::Continue)
+    }
+
+    fn admitted(&mut self, endpoint: String, model: &str, tokens: u64) {
         stats::add(&metrics::SCHEDULER_ATTEMPTS, &["success", model], 1);
         stats::add(&metrics::OBJECTIVE_REQUEST_TOTAL, &[model, model], 1);
         stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], 1);
         self.in_flight = Some(InFlight {
             endpoint,
             model: model.to_string(),
+            tokens,
         });
-        Action::Continue
-    }
-
-    fn fail_schedule(&mut self, model: &str, why: &str) -> Action {
-        stats::add(&metrics::SCHEDULER_ATTEMPTS, &["failure", model], 1);
-        self.reject(&ApiError::unavailable(why), model)
     }
 
     /// Releases the in-flight count, once.
     fn release(&mut self) {
         if let Some(done) = self.in_flight.take() {
             let now = host::now_ms().unwrap_or(0);
-            if let Err(e) = inflight::release(&HostStore, self.vm, &done.endpoint, now) {
+            if let Err(e) =
+                inflight::release_with_tokens(&HostStore, self.vm, &done.endpoint, done.tokens, now)
+            {
                 log::warn!("in-flight release of {} failed: {e:?}", done.endpoint);
             }
             stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[&done.model], -1);
         }
     }
+
+    /// The model to send: the rewrite header, then a matching `pool.modelRewrites` rule.
+    fn target_model(&self, model: &str) -> String {
+        let header = REWRITE_HEADERS
+            .iter()
+            .find_map(|h| host::header(Map::RequestHeaders, h).ok().flatten())
+            .filter(|v| !v.is_empty());
+        let mut target = header.unwrap_or_else(|| model.to_string());
+        let draw = Rng::new(u64::from(self.id) ^ self.vm).next_f64();
+        if let Some((_, t)) = self.rt.config.pool.rewrite(&target, draw) {
+            target = t.to_string();
+        }
+        target
+    }
+}
+
+/// `body` with its `model` field set to `target`.
+fn rewrite_body(body: &[u8], target: &str) -> Option<Vec<u8>> {
+    let mut doc: serde_json::Value = serde_json::from_slice(body).ok()?;
+    doc.as_object_mut()?.insert(
+        "model".into(),
+        serde_json::Value::String(target.to_string()),
+    );
+    serde_json::to_vec(&doc).ok()
 }
 
 impl Context for Http {
@@ -145,13 +355,13 @@ impl HttpContext for Http {
             .unwrap_or_default();
         if end_of_stream {
             // No body (GET /v1/models and the like): any endpoint will do.
-            return self.schedule("");
+            return self.schedule(None, "", "", 0);
         }
         Action::Pause
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let limit = self.config.pool.max_request_body_bytes;
+        let limit = self.rt.config.pool.max_request_body_bytes;
         if body_size > limit {
             return self.reject(&ApiError::body_too_large(body_size, limit), "");
         }
@@ -166,10 +376,39 @@ impl HttpContext for Http {
                 return self.reject(&e, "");
             }
         };
-        match parse_request(Api::from_path(&self.path), &body) {
-            Ok(request) => self.schedule(&request.model),
-            Err(e) => self.reject(&e, ""),
+        let request = match parse_request(Api::from_path(&self.path), &body) {
+            Ok(r) => r,
+            Err(e) => return self.reject(&e, ""),
+        };
+        let target = self.target_model(&request.model);
+        let mut size = body.len();
+        if target != request.model {
+            match rewrite_body(&body, &target) {
+                Some(new_body) => {
+                    let ok = host::set_request_body(body_size, &new_body).is_ok()
+                        && host::set_header(
+                            Map::RequestHeaders,
+                            "content-length",
+                            &new_body.len().to_string(),
+                        )
+                        .is_ok();
+                    if !ok {
+                        return self.reject(
+                            &ApiError::internal("cannot rewrite the model of the request"),
+                            &request.model,
+                        );
+                    }
+                    size = new_body.len();
+                }
+                None => {
+                    return self.reject(
+                        &ApiError::internal("cannot rewrite the model of the request"),
+                        &request.model,
+                    )
+                }
+            }
         }
+        self.schedule(Some(&request), &request.model.clone(), &target, size)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
@@ -185,6 +424,18 @@ impl HttpContext for Http {
             .unwrap_or_else(|| in_flight.endpoint.clone());
         if let Err(status) = host::set_header(Map::ResponseHeaders, SERVED, &served) {
             log::warn!("cannot set {SERVED}: status {status}");
+        }
+        let sessions = self
+            .rt
+            .config
+            .plugins
+            .iter()
+            .any(|p| p.type_name == "session-affinity-scorer");
+        if sessions {
+            let token = session_affinity::token(&served);
+            if let Err(status) = host::set_header(Map::ResponseHeaders, SESSION_HEADER, &token) {
+                log::warn!("cannot set {SESSION_HEADER}: status {status}");
+            }
         }
         Action::Continue
     }

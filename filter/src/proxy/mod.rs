@@ -3,11 +3,15 @@
 //! * `root` — one per plugin per VM: configuration, ticks, HTTP context creation.
 //! * `http` — one per request: the request's path through the filter.
 //! * `host` — every host call, fallible (never the SDK's panicking wrappers).
+//! * `scrape` — the lease holder's metrics scrapes, discovery and pool gauges (root tick).
+//! * `state` — this VM's view of shared state (prefix index, snapshots, discovered endpoints).
 //! * `store`, `stats` — shared data and metrics as the core needs them.
 
 mod host;
 mod http;
 mod root;
+mod scrape;
+mod state;
 mod stats;
 mod store;
 

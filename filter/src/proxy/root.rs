@@ -1,11 +1,15 @@
-//! The root context: loads the configuration, keeps this VM alive in the ledger, and
-//! creates one [`Http`] context per request.
+//! The root context: loads the configuration (refusing a bad one, with the reason in
+//! Envoy's log), ticks (ledger heartbeat, scrape lease, scrapes, discovery, pool gauges),
+//! receives the scrape callouts, and creates one [`Http`] context per request.
 
 use super::http::Http;
-use super::{host, store::HostStore};
+use super::state::Runtime;
+use super::{host, scrape, stats, store::HostStore};
 use crate::config::Config;
-use crate::inflight;
+use crate::metrics;
+use crate::prefix::shared::HEAD_KEY;
 use crate::shared_store::{ensure, update};
+use crate::{inflight, registry};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
@@ -14,8 +18,10 @@ use std::rc::Rc;
 
 /// Shared-data key of the counter that hands out VM ids.
 const VM_SEQ_KEY: &str = "epp.v1.vm-seq";
-/// Tick period: the liveness heartbeat of this VM's ledger row.
-const TICK_MS: u32 = 1_000;
+/// Tick period when nothing is scraped: the liveness heartbeat of this VM's ledger row.
+const IDLE_TICK_MS: u64 = 1_000;
+/// The ledger heartbeat is written at most this often.
+const HEARTBEAT_MS: i64 = 1_000;
 
 #[derive(Clone, PartialEq, Message)]
 struct Seq {
@@ -56,10 +62,36 @@ pub fn vm_id() -> u64 {
 /// One per plugin per VM.
 #[derive(Default)]
 pub struct Root {
-    config: Option<Rc<Config>>,
+    runtime: Option<Rc<Runtime>>,
+    last_heartbeat_ms: i64,
 }
 
-impl Context for Root {}
+impl Root {
+    fn load(text: &str) -> Result<Runtime, String> {
+        let config = Config::parse(text).map_err(|e| e.to_string())?;
+        let scheduler = registry::build(&config).map_err(|e| e.to_string())?;
+        let settings = registry::data_layer(&config).map_err(|e| e.to_string())?;
+        Ok(Runtime {
+            config,
+            scheduler,
+            settings,
+        })
+    }
+}
+
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        if let Some(rt) = &self.runtime {
+            scrape::on_response(rt, token_id, body_size);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -71,18 +103,33 @@ impl RootContext for Root {
             }
         };
         let text = String::from_utf8_lossy(&text);
-        match Config::parse(&text) {
-            Ok(config) => {
-                if config.pool.endpoints.is_empty() {
-                    log::warn!("pool.endpoints is empty: every request will get 503");
+        match Self::load(&text) {
+            Ok(rt) => {
+                if rt.config.pool.endpoints.is_empty() && rt.config.pool.discovery.is_none() {
+                    log::warn!("pool.endpoints is empty and no discovery is configured: every request will get 503");
                 }
-                if let Err(e) = ensure(&HostStore, inflight::LEDGER_KEY) {
-                    log::warn!("cannot create the in-flight ledger: {e:?}");
+                for key in [inflight::LEDGER_KEY, HEAD_KEY] {
+                    if let Err(e) = ensure(&HostStore, key) {
+                        log::warn!("cannot create {key}: {e:?}");
+                    }
                 }
-                if let Err(status) = host::set_tick_period_ms(TICK_MS) {
+                let period = if rt.settings.enabled || rt.config.pool.discovery.is_some() {
+                    let mut p = rt.settings.interval_ms;
+                    if let Some(d) = &rt.config.pool.discovery {
+                        p = p.min(d.refresh_ms);
+                    }
+                    p.clamp(1, IDLE_TICK_MS)
+                } else {
+                    IDLE_TICK_MS
+                };
+                if let Err(status) =
+                    host::set_tick_period_ms(u32::try_from(period).unwrap_or(1_000))
+                {
                     log::warn!("cannot set the tick period: status {status}");
                 }
-                self.config = Some(Rc::new(config));
+                // A set, not an increment: every VM writing 1 still reads 1.
+                stats::set(&metrics::INFO, &[metrics::COMMIT, metrics::BUILD_REF], 1);
+                self.runtime = Some(Rc::new(rt));
                 true
             }
             Err(e) => {
@@ -95,14 +142,21 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         let Ok(now) = host::now_ms() else { return };
-        if let Err(e) = inflight::heartbeat(&HostStore, vm_id(), now) {
-            log::warn!("in-flight ledger heartbeat failed: {e:?}");
+        let vm = vm_id();
+        if now.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
+            self.last_heartbeat_ms = now;
+            if let Err(e) = inflight::heartbeat(&HostStore, vm, now) {
+                log::warn!("in-flight ledger heartbeat failed: {e:?}");
+            }
+        }
+        if let Some(rt) = &self.runtime {
+            scrape::tick(rt, vm, now);
         }
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        let config = self.config.clone().unwrap_or_default();
-        Some(Box::new(Http::new(context_id, config, vm_id())))
+        let rt = self.runtime.clone()?;
+        Some(Box::new(Http::new(context_id, rt, vm_id())))
     }
 
     fn get_type(&self) -> Option<ContextType> {

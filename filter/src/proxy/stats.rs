@@ -42,3 +42,17 @@ pub fn add(metric: &Metric, values: &[&str], delta: i64) {
         }
     }
 }
+
+/// Sets a gauge (last writer wins: only the lease holder sets pool gauges).
+pub fn set(metric: &Metric, values: &[&str], value: u64) {
+    if let Some(id) = id(metric, values) {
+        if let Err(status) = host::record_metric(id, value) {
+            log::warn!("cannot set metric {}: status {status}", metric.name);
+        }
+    }
+}
+
+/// Records a histogram observation.
+pub fn observe(metric: &Metric, values: &[&str], value: u64) {
+    set(metric, values, value);
+}

@@ -1,0 +1,347 @@
+//! The reference's `EndpointPickerConfig` sections: `plugins`, `schedulingProfiles`,
+//! `featureGates`, `saturationDetector`, `flowControl`, `dataLayer` and `parser`, read
+//! strictly (unknown fields are errors) into plain specs. Plugin parameters are checked
+//! by each plugin's constructor (`crate::registry`).
+
+use super::quantity::{parse_duration_ms, parse_quantity};
+use super::validate::{as_array, as_object, as_str, err, only_fields, ConfigError};
+use serde_json::Value;
+
+/// Registered feature gates (an unknown gate is an error, as in the reference).
+pub const FEATURE_GATES: &[&str] = &["dataLayer", "enableLegacyMetrics", "flowControl"];
+/// Largest scorer weight accepted.
+pub const MAX_WEIGHT: f64 = 1_000_000.0;
+
+/// A declared plugin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginSpec {
+    /// Registered type name, e.g. `queue-scorer`.
+    pub type_name: String,
+    /// Unique name (defaults to the type).
+    pub name: String,
+    /// The plugin's parameters (`null` when none).
+    pub parameters: Value,
+    /// Index in `plugins[]`, for error paths (`None` for plugins added by defaulting).
+    pub index: Option<usize>,
+}
+
+/// A plugin placed in a profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfilePlugin {
+    /// Name of a declared plugin.
+    pub plugin_ref: String,
+    /// Scorer weight (default 1.0).
+    pub weight: Option<f64>,
+}
+
+/// A scheduling profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileSpec {
+    /// Profile name.
+    pub name: String,
+    /// Its plugins, in order.
+    pub plugins: Vec<ProfilePlugin>,
+}
+
+/// A priority band of flow control.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PriorityBand {
+    /// Priority (higher first); `None` only in `defaultPriorityBand`.
+    pub priority: Option<i64>,
+    /// Byte cap (0: the reference's default of 1,000,000,000).
+    pub max_bytes: u64,
+    /// Request cap (0: none).
+    pub max_requests: u64,
+    /// Fairness policy plugin name.
+    pub fairness_policy_ref: Option<String>,
+    /// Ordering policy plugin name.
+    pub ordering_policy_ref: Option<String>,
+}
+
+/// The `flowControl` section.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FlowControlSpec {
+    /// Global byte cap (0: unlimited).
+    pub max_bytes: u64,
+    /// Global request cap (0: unlimited).
+    pub max_requests: u64,
+    /// Queue TTL in ms (0: none).
+    pub default_request_ttl_ms: u64,
+    /// Template for bands not listed.
+    pub default_priority_band: Option<PriorityBand>,
+    /// Explicit bands.
+    pub priority_bands: Vec<PriorityBand>,
+    /// Usage-limit policy plugin name.
+    pub usage_limit_policy_ref: Option<String>,
+}
+
+/// One data source and its extractors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceSpec {
+    /// Name of a declared data-source plugin.
+    pub plugin_ref: String,
+    /// Names of declared extractor plugins.
+    pub extractors: Vec<String>,
+}
+
+/// Parses `plugins[]`. Names default to the type; duplicates are errors.
+pub fn parse_plugins(v: &Value) -> Result<Vec<PluginSpec>, ConfigError> {
+    let mut out: Vec<PluginSpec> = Vec::new();
+    for (i, item) in as_array(v, "plugins")?.iter().enumerate() {
+        let path = format!("plugins[{i}]");
+        let o = as_object(item, &path)?;
+        only_fields(o, &path, &["type", "name", "parameters"])?;
+        let type_name = o.get("type").ok_or_else(|| {
+            err(
+                &format!("{path}.type"),
+                "missing: every plugin needs a type",
+            )
+        })?;
+        let type_name = as_str(type_name, &format!("{path}.type"))?.to_string();
+        let name = match o.get("name") {
+            Some(n) => as_str(n, &format!("{path}.name"))?.to_string(),
+            None => type_name.clone(),
+        };
+        if name.is_empty() {
+            return Err(err(&format!("{path}.name"), "must not be empty"));
+        }
+        if let Some(prev) = out.iter().find(|p| p.name == name) {
+            let first = prev.index.unwrap_or(0);
+            return Err(err(
+                &format!("{path}.name"),
+                format!("duplicate plugin name \"{name}\" (also plugins[{first}])"),
+            ));
+        }
+        out.push(PluginSpec {
+            type_name,
+            name,
+            parameters: o.get("parameters").cloned().unwrap_or(Value::Null),
+            index: Some(i),
+        });
+    }
+    Ok(out)
+}
+
+/// Parses `schedulingProfiles[]`.
+pub fn parse_profiles(v: &Value) -> Result<Vec<ProfileSpec>, ConfigError> {
+    let mut out: Vec<ProfileSpec> = Vec::new();
+    for (i, item) in as_array(v, "schedulingProfiles")?.iter().enumerate() {
+        let path = format!("schedulingProfiles[{i}]");
+        let o = as_object(item, &path)?;
+        only_fields(o, &path, &["name", "plugins"])?;
+        let name = o.get("name").ok_or_else(|| {
+            err(
+                &format!("{path}.name"),
+                "missing: every profile needs a name",
+            )
+        })?;
+        let name = as_str(name, &format!("{path}.name"))?.to_string();
+        if name.is_empty() {
+            return Err(err(&format!("{path}.name"), "must not be empty"));
+        }
+        if out.iter().any(|p| p.name == name) {
+            return Err(err(
+                &format!("{path}.name"),
+                format!("duplicate profile name \"{name}\""),
+            ));
+        }
+        let mut plugins = Vec::new();
+        if let Some(list) = o.get("plugins") {
+            for (j, p) in as_array(list, &format!("{path}.plugins"))?
+                .iter()
+                .enumerate()
+            {
+                let ppath = format!("{path}.plugins[{j}]");
+                let po = as_object(p, &ppath)?;
+                only_fields(po, &ppath, &["pluginRef", "weight"])?;
+                let r = po
+                    .get("pluginRef")
+                    .ok_or_else(|| err(&format!("{ppath}.pluginRef"), "missing"))?;
+                let plugin_ref = as_str(r, &format!("{ppath}.pluginRef"))?.to_string();
+                let weight = match po.get("weight") {
+                    None | Some(Value::Null) => None,
+                    Some(w) => {
+                        let wp = format!("{ppath}.weight");
+                        let w = w.as_f64().ok_or_else(|| err(&wp, "must be a number"))?;
+                        if !(0.0..=MAX_WEIGHT).contains(&w) {
+                            return Err(err(
+                                &wp,
+                                format!("{w} is out of range: must be between 0 and {MAX_WEIGHT}"),
+                            ));
+                        }
+                        Some(w)
+                    }
+                };
+                plugins.push(ProfilePlugin { plugin_ref, weight });
+            }
+        }
+        out.push(ProfileSpec { name, plugins });
+    }
+    Ok(out)
+}
+
+/// Parses `featureGates` (a list of registered gate names).
+pub fn parse_feature_gates(v: &Value) -> Result<Vec<String>, ConfigError> {
+    let mut out = Vec::new();
+    for (i, g) in as_array(v, "featureGates")?.iter().enumerate() {
+        let path = format!("featureGates[{i}]");
+        let g = as_str(g, &path)?;
+        if !FEATURE_GATES.contains(&g) {
+            return Err(err(
+                &path,
+                format!(
+                    "unknown feature gate \"{g}\"; known gates: {}",
+                    FEATURE_GATES.join(", ")
+                ),
+            ));
+        }
+        out.push(g.to_string());
+    }
+    Ok(out)
+}
+
+/// Parses a `{pluginRef: name}` object.
+pub fn parse_plugin_ref(v: &Value, path: &str) -> Result<String, ConfigError> {
+    let o = as_object(v, path)?;
+    only_fields(o, path, &["pluginRef"])?;
+    let r = o
+        .get("pluginRef")
+        .ok_or_else(|| err(&format!("{path}.pluginRef"), "missing"))?;
+    Ok(as_str(r, &format!("{path}.pluginRef"))?.to_string())
+}
+
+fn quantity(v: Option<&Value>, path: &str) -> Result<u64, ConfigError> {
+    match v {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .ok_or_else(|| err(path, "must be a non-negative quantity")),
+        Some(Value::String(s)) => parse_quantity(s).map_err(|e| err(path, e)),
+        Some(_) => Err(err(path, "must be a quantity such as 500, 1k or 10Gi")),
+    }
+}
+
+fn band(v: &Value, path: &str, needs_priority: bool) -> Result<PriorityBand, ConfigError> {
+    let o = as_object(v, path)?;
+    let mut known = vec![
+        "maxBytes",
+        "maxRequests",
+        "fairnessPolicyRef",
+        "orderingPolicyRef",
+    ];
+    if needs_priority {
+        known.push("priority");
+    }
+    only_fields(o, path, &known)?;
+    let priority = if needs_priority {
+        let p = o.get("priority").ok_or_else(|| {
+            err(
+                &format!("{path}.priority"),
+                "missing: every band needs a priority",
+            )
+        })?;
+        Some(
+            p.as_i64()
+                .ok_or_else(|| err(&format!("{path}.priority"), "must be an integer"))?,
+        )
+    } else {
+        None
+    };
+    let opt_str = |k: &str| -> Result<Option<String>, ConfigError> {
+        match o.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => Ok(Some(as_str(v, &format!("{path}.{k}"))?.to_string())),
+        }
+    };
+    Ok(PriorityBand {
+        priority,
+        max_bytes: quantity(o.get("maxBytes"), &format!("{path}.maxBytes"))?,
+        max_requests: quantity(o.get("maxRequests"), &format!("{path}.maxRequests"))?,
+        fairness_policy_ref: opt_str("fairnessPolicyRef")?,
+        ordering_policy_ref: opt_str("orderingPolicyRef")?,
+    })
+}
+
+/// Parses `flowControl`.
+pub fn parse_flow_control(v: &Value) -> Result<FlowControlSpec, ConfigError> {
+    let path = "flowControl";
+    let o = as_object(v, path)?;
+    only_fields(
+        o,
+        path,
+        &[
+            "maxBytes",
+            "maxRequests",
+            "defaultRequestTTL",
+            "defaultPriorityBand",
+            "priorityBands",
+            "usageLimitPolicyPluginRef",
+        ],
+    )?;
+    let mut spec = FlowControlSpec {
+        max_bytes: quantity(o.get("maxBytes"), "flowControl.maxBytes")?,
+        max_requests: quantity(o.get("maxRequests"), "flowControl.maxRequests")?,
+        ..FlowControlSpec::default()
+    };
+    if let Some(t) = o.get("defaultRequestTTL") {
+        let p = "flowControl.defaultRequestTTL";
+        spec.default_request_ttl_ms = parse_duration_ms(as_str(t, p)?).map_err(|e| err(p, e))?;
+    }
+    if let Some(b) = o.get("defaultPriorityBand") {
+        spec.default_priority_band = Some(band(b, "flowControl.defaultPriorityBand", false)?);
+    }
+    if let Some(list) = o.get("priorityBands") {
+        for (i, b) in as_array(list, "flowControl.priorityBands")?
+            .iter()
+            .enumerate()
+        {
+            let p = format!("flowControl.priorityBands[{i}]");
+            let b = band(b, &p, true)?;
+            if spec.priority_bands.iter().any(|x| x.priority == b.priority) {
+                return Err(err(
+                    &format!("{p}.priority"),
+                    format!("duplicate priority {}", b.priority.unwrap_or(0)),
+                ));
+            }
+            spec.priority_bands.push(b);
+        }
+    }
+    if let Some(r) = o.get("usageLimitPolicyPluginRef") {
+        spec.usage_limit_policy_ref =
+            Some(as_str(r, "flowControl.usageLimitPolicyPluginRef")?.to_string());
+    }
+    Ok(spec)
+}
+
+/// Parses `dataLayer` (`sources: [{pluginRef, extractors: [{pluginRef}]}]`).
+pub fn parse_data_layer(v: &Value) -> Result<Vec<SourceSpec>, ConfigError> {
+    let o = as_object(v, "dataLayer")?;
+    only_fields(o, "dataLayer", &["sources"])?;
+    let mut out = Vec::new();
+    let Some(list) = o.get("sources") else {
+        return Ok(out);
+    };
+    for (i, s) in as_array(list, "dataLayer.sources")?.iter().enumerate() {
+        let path = format!("dataLayer.sources[{i}]");
+        let so = as_object(s, &path)?;
+        only_fields(so, &path, &["pluginRef", "extractors"])?;
+        let r = so
+            .get("pluginRef")
+            .ok_or_else(|| err(&format!("{path}.pluginRef"), "missing"))?;
+        let plugin_ref = as_str(r, &format!("{path}.pluginRef"))?.to_string();
+        let mut extractors = Vec::new();
+        if let Some(list) = so.get("extractors") {
+            for (j, e) in as_array(list, &format!("{path}.extractors"))?
+                .iter()
+                .enumerate()
+            {
+                extractors.push(parse_plugin_ref(e, &format!("{path}.extractors[{j}]"))?);
+            }
+        }
+        out.push(SourceSpec {
+            plugin_ref,
+            extractors,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,197 @@
+//! This VM's copy of the approximate prefix index.
+//!
+//! `holders: hash → endpoints` answers a match in one lookup per block; each endpoint has
+//! an LRU of its hashes with a fixed capacity (set when the endpoint is first seen: the
+//! engine's `num_gpu_blocks` with autoTune, else `lruCapacityPerServer`), whose evictions
+//! remove the endpoint from `holders`. Every worker holds the same content: picks made
+//! anywhere reach every index through [`super::shared`].
+
+use hashbrown::HashMap;
+use std::collections::VecDeque;
+
+/// How well a candidate's cache covers a request's prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixMatch {
+    /// Leading blocks held by the endpoint.
+    pub matched: u32,
+    /// Blocks of the request.
+    pub total: u32,
+    /// Block size in tokens.
+    pub block_size_tokens: u32,
+}
+
+impl PrefixMatch {
+    /// `matched / total`, 0 without blocks.
+    pub fn ratio(&self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            f64::from(self.matched) / f64::from(self.total)
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Lru {
+    capacity: usize,
+    /// hash → stamp of its latest insertion.
+    stamps: HashMap<u64, u64>,
+    /// Insertion order (oldest first), with stale duplicates skipped lazily.
+    order: VecDeque<(u64, u64)>,
+}
+
+/// The per-VM prefix index.
+#[derive(Debug, Default)]
+pub struct PrefixIndex {
+    ids: HashMap<String, u32>,
+    lrus: Vec<Lru>,
+    holders: HashMap<u64, Vec<u32>>,
+    stamp: u64,
+}
+
+impl PrefixIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn id(&mut self, endpoint: &str, capacity: usize) -> u32 {
+        if let Some(id) = self.ids.get(endpoint) {
+            return *id;
+        }
+        let id = u32::try_from(self.lrus.len()).unwrap_or(u32::MAX);
+        self.ids.insert(endpoint.to_string(), id);
+        self.lrus.push(Lru {
+            capacity: capacity.max(1),
+            ..Lru::default()
+        });
+        id
+    }
+
+    /// Records that `endpoint` now holds `hashes` (its LRU has `capacity` entries if new).
+    pub fn insert(&mut self, endpoint: &str, hashes: &[u64], capacity: usize) {
+        let id = self.id(endpoint, capacity);
+        let Some(lru) = self.lrus.get_mut(id as usize) else {
+            return;
+        };
+        for &h in hashes {
+            self.stamp += 1;
+            if lru.stamps.insert(h, self.stamp).is_none() {
+                let holders = self.holders.entry(h).or_default();
+                if !holders.contains(&id) {
+                    holders.push(id);
+                }
+            }
+            lru.order.push_back((h, self.stamp));
+            while lru.stamps.len() > lru.capacity {
+                let Some((old, stamp)) = lru.order.pop_front() else {
+                    break;
+                };
+                if lru.stamps.get(&old) == Some(&stamp) {
+                    lru.stamps.remove(&old);
+                    if let Some(v) = self.holders.get_mut(&old) {
+                        v.retain(|x| *x != id);
+                        if v.is_empty() {
+                            self.holders.remove(&old);
+                        }
+                    }
+                }
+            }
+            // Drop stale duplicates so the order queue stays bounded.
+            if lru.order.len() > 2 * lru.capacity + 64 {
+                let stamps = &lru.stamps;
+                lru.order.retain(|(h, s)| stamps.get(h) == Some(s));
+            }
+        }
+    }
+
+    /// For each candidate address, how many leading blocks of `hashes` it holds: the walk
+    /// stops at the first block nobody holds, and every holder of a block gets +1.
+    pub fn matches<'a>(
+        &self,
+        hashes: &[u64],
+        candidates: impl Iterator<Item = &'a str>,
+        block_size_tokens: u32,
+    ) -> Vec<PrefixMatch> {
+        let total = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
+        let mut counts: Vec<u32> = vec![0; self.lrus.len()];
+        for h in hashes {
+            match self.holders.get(h) {
+                Some(ids) if !ids.is_empty() => {
+                    for id in ids {
+                        if let Some(c) = counts.get_mut(*id as usize) {
+                            *c += 1;
+                        }
+                    }
+                }
+                _ => break,
+            }
+        }
+        candidates
+            .map(|address| PrefixMatch {
+                matched: self
+                    .ids
+                    .get(address)
+                    .and_then(|id| counts.get(*id as usize))
+                    .copied()
+                    .unwrap_or(0),
+                total,
+                block_size_tokens,
+            })
+            .collect()
+    }
+
+    /// Entries over every endpoint's LRU (`inference_extension_prefix_indexer_size`).
+    pub fn size(&self) -> usize {
+        self.lrus.iter().map(|l| l.stamps.len()).sum()
+    }
+
+    /// Whether `endpoint` holds block `hash`.
+    pub fn holds(&self, endpoint: &str, hash: u64) -> bool {
+        self.ids
+            .get(endpoint)
+            .and_then(|id| self.lrus.get(*id as usize))
+            .is_some_and(|l| l.stamps.contains_key(&hash))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn matches_count_leading_blocks_per_endpoint() {
+        let mut ix = PrefixIndex::new();
+        ix.insert("a", &[1, 2, 3], 100);
+        ix.insert("b", &[1], 100);
+        let m = ix.matches(&[1, 2, 3, 4], ["a", "b", "c"].into_iter(), 16);
+        assert_eq!(m.iter().map(|m| m.matched).collect::<Vec<_>>(), [3, 1, 0]);
+        assert_eq!(m[0].total, 4);
+        assert!((m[0].ratio() - 0.75).abs() < 1e-12);
+        // The walk stops at the first block nobody holds.
+        let m = ix.matches(&[9, 1, 2], ["a"].into_iter(), 16);
+        assert_eq!(m[0].matched, 0);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_lru_evicts_the_oldest_blocks_at_capacity() {
+        let mut ix = PrefixIndex::new();
+        ix.insert("a", &[1, 2, 3], 3);
+        ix.insert("a", &[1], 3); // refresh 1: now 2 is the oldest
+        ix.insert("a", &[4], 3);
+        assert!(ix.holds("a", 1));
+        assert!(!ix.holds("a", 2));
+        assert!(ix.holds("a", 3) && ix.holds("a", 4));
+        assert_eq!(ix.size(), 3);
+        // An evicted block no longer matches for that endpoint.
+        let m = ix.matches(&[2], ["a"].into_iter(), 16);
+        assert_eq!(m[0].matched, 0);
+        // Many refreshes keep the bookkeeping bounded.
+        for _ in 0..10_000 {
+            ix.insert("a", &[1, 3, 4], 3);
+        }
+        assert_eq!(ix.size(), 3);
+        assert!(ix.lrus[0].order.len() <= 2 * 3 + 64 + 1);
+    }
+}

@@ -1,0 +1,105 @@
+//! This VM's view of the cross-worker state, refreshed from shared data before each pick:
+//! the prefix index (synced from the shared log), the endpoint snapshots (refetched only
+//! when their version changed) and the discovered endpoints.
+
+use super::store::HostStore;
+use crate::config::{Config, Endpoint};
+use crate::datalayer::discovery::{Discovered, DISCOVERED_KEY};
+use crate::datalayer::snapshot::{
+    EndpointSnapshot, Snapshots, Version, SNAPSHOTS_KEY, VERSION_KEY,
+};
+use crate::datalayer::Settings;
+use crate::prefix::index::PrefixIndex;
+use crate::prefix::shared::{self, Cursor};
+use crate::scheduler::Scheduler;
+use crate::shared_store::read;
+use hashbrown::HashMap;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+/// The configuration of this plugin instance, built once in `on_configure`.
+pub struct Runtime {
+    /// The validated configuration.
+    pub config: Config,
+    /// The scheduler built from it.
+    pub scheduler: Scheduler,
+    /// Data-layer settings.
+    pub settings: Settings,
+}
+
+/// Cached snapshots and discovered endpoints.
+#[derive(Default)]
+pub struct View {
+    version: Option<u64>,
+    /// Latest snapshot per endpoint.
+    pub snapshots: HashMap<String, EndpointSnapshot>,
+    /// Endpoints discovered from Envoy's cluster membership.
+    pub discovered: Vec<Endpoint>,
+}
+
+thread_local! {
+    static PREFIX: RefCell<(PrefixIndex, Cursor)> = RefCell::new((PrefixIndex::new(), Cursor::default()));
+    static VIEW: RefCell<View> = RefCell::new(View::default());
+}
+
+/// Runs `f` with this VM's prefix index after applying what other workers logged.
+pub fn with_prefix<R>(vm: u64, f: impl FnOnce(&mut PrefixIndex) -> R) -> R {
+    PREFIX.with(|p| {
+        let mut guard = p.borrow_mut();
+        let (index, cursor) = &mut *guard;
+        if let Err(e) = shared::sync(&HostStore, vm, index, cursor) {
+            log::debug!("prefix log sync failed: {e:?}");
+        }
+        f(index)
+    })
+}
+
+/// Entries in this VM's prefix index.
+pub fn prefix_size() -> usize {
+    PREFIX.with(|p| p.borrow().0.size())
+}
+
+/// Runs `f` with fresh snapshots and discovered endpoints.
+pub fn with_view<R>(discovery: bool, f: impl FnOnce(&View) -> R) -> R {
+    VIEW.with(|v| {
+        let mut view = v.borrow_mut();
+        refresh(&mut view, discovery);
+        f(&view)
+    })
+}
+
+fn refresh(view: &mut View, discovery: bool) {
+    match read::<Version>(&HostStore, VERSION_KEY) {
+        Ok(Some(v)) if view.version != Some(v.version) => {
+            if let Ok(Some(s)) = read::<Snapshots>(&HostStore, SNAPSHOTS_KEY) {
+                view.snapshots = s
+                    .endpoints
+                    .into_iter()
+                    .map(|e| (e.address.clone(), e))
+                    .collect();
+                view.version = Some(v.version);
+            }
+        }
+        Ok(_) => {}
+        Err(e) => log::debug!("snapshot version read failed: {e:?}"),
+    }
+    if discovery {
+        if let Ok(Some(d)) = read::<Discovered>(&HostStore, DISCOVERED_KEY) {
+            if d.addresses.len() != view.discovered.len()
+                || d.addresses
+                    .iter()
+                    .zip(&view.discovered)
+                    .any(|(a, e)| *a != e.address)
+            {
+                view.discovered = d
+                    .addresses
+                    .into_iter()
+                    .map(|address| Endpoint {
+                        address,
+                        labels: BTreeMap::new(),
+                    })
+                    .collect();
+            }
+        }
+    }
+}

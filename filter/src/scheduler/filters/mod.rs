@@ -1,0 +1,13 @@
+//! Filters: narrow the candidates.
+//!
+//! * [`label_selector`] — `label-selector-filter`: Kubernetes `matchLabels` / `matchExpressions`.
+//! * [`roles`] — `prefill-endpoints-filter` / `decode-endpoints-filter` (router
+//!   `prefill-filter` / `decode-filter`), on label `llm-d.ai/role`.
+//! * [`prefix_affinity`] — `prefix-cache-affinity-filter`: keep sticky endpoints, with a
+//!   TTFT load gate and exploration.
+//! * [`saturation`] — the saturation detectors in their filter role.
+
+pub mod label_selector;
+pub mod prefix_affinity;
+pub mod roles;
+pub mod saturation;

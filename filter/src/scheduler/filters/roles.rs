@@ -1,0 +1,86 @@
+//! P/D role filters on label `llm-d.ai/role` (router `filter/bylabel/roles.go`):
+//!
+//! | filter | keeps |
+//! |---|---|
+//! | `decode-endpoints-filter` (`decode-filter`) | decode, prefill-decode, both, encode-prefill-decode, and endpoints **without** the label |
+//! | `prefill-endpoints-filter` (`prefill-filter`) | prefill, encode-prefill, prefill-decode, both, encode-prefill-decode |
+
+use crate::rng::Rng;
+use crate::scheduler::handlers::pd::ROLE_LABEL;
+use crate::scheduler::{Cycle, Filter};
+
+/// Which role a filter keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Prefill-capable endpoints.
+    Prefill,
+    /// Decode-capable endpoints (and unlabelled ones).
+    Decode,
+}
+
+impl Role {
+    /// Whether an endpoint with role label `value` (`None`: no label) is kept.
+    pub fn accepts(self, value: Option<&str>) -> bool {
+        match (self, value) {
+            (Role::Decode, None) => true,
+            (Role::Prefill, None) => false,
+            (Role::Decode, Some(v)) => matches!(
+                v,
+                "decode" | "prefill-decode" | "both" | "encode-prefill-decode" | "encode-decode"
+            ),
+            (Role::Prefill, Some(v)) => matches!(
+                v,
+                "prefill" | "encode-prefill" | "prefill-decode" | "both" | "encode-prefill-decode"
+            ),
+        }
+    }
+}
+
+/// A role filter.
+#[derive(Debug)]
+pub struct RoleFilter {
+    /// The role kept.
+    pub role: Role,
+}
+
+impl Filter for RoleFilter {
+    fn filter(&self, cx: &Cycle<'_>, endpoints: Vec<usize>, _rng: &mut Rng) -> Vec<usize> {
+        endpoints
+            .into_iter()
+            .filter(|&i| {
+                cx.candidate(i).is_some_and(|c| {
+                    self.role
+                        .accepts(c.labels.get(ROLE_LABEL).map(String::as_str))
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::testing::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn role_labels_as_the_router() {
+        let mut c = candidates(&[(0, 0, 0.0); 4]);
+        for (i, role) in ["prefill", "decode", "both"].iter().enumerate() {
+            c[i].labels.insert(ROLE_LABEL.into(), role.to_string());
+        }
+        let mut rng = Rng::new(0);
+        let decode = RoleFilter { role: Role::Decode };
+        let prefill = RoleFilter {
+            role: Role::Prefill,
+        };
+        assert_eq!(
+            with_cycle(&c, &[], |cx| decode.filter(cx, all(&c), &mut rng)),
+            vec![1, 2, 3]
+        );
+        assert_eq!(
+            with_cycle(&c, &[], |cx| prefill.filter(cx, all(&c), &mut rng)),
+            vec![0, 2]
+        );
+    }
+}

@@ -1,0 +1,421 @@
+//! The scheduler: profile handler → (per profile) filters → weighted scorers → picker.
+//!
+//! Everything here is host-independent: candidates, metrics, in-flight counts and the
+//! prefix index are passed in, randomness comes from a seeded [`Rng`], time from the
+//! caller. [`Scheduler::schedule`] decides; it changes nothing. The caller applies the
+//! decision (destination header, in-flight counts, prefix index, [`Scheduler::pre_request`]).
+//!
+//! Scores follow the reference: each scorer's value is clamped to [0, 1] and multiplied
+//! by its weight, and an endpoint's total is the plain weighted sum.
+
+pub mod filters;
+pub mod handlers;
+pub mod pickers;
+pub mod profile;
+pub mod scorers;
+
+use crate::prefix::hash::hash_prompt;
+use crate::prefix::index::{PrefixIndex, PrefixMatch};
+use crate::prefix::{PrefixConfig, CHARS_PER_TOKEN};
+use crate::rng::Rng;
+use std::collections::BTreeMap;
+
+pub use handlers::Handler;
+pub use profile::Profile;
+
+/// Model-server metrics of one endpoint, as the data layer publishes them.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Metrics {
+    /// Requests waiting in the engine's queue (`num_requests_waiting`).
+    pub waiting: u64,
+    /// Requests running (`num_requests_running`).
+    pub running: u64,
+    /// KV-cache usage, 0..1 (`kv_cache_usage_perc`).
+    pub kv_usage: f64,
+    /// LoRA adapters running.
+    pub active_models: Vec<String>,
+    /// LoRA adapters waiting.
+    pub waiting_models: Vec<String>,
+    /// `max_lora`.
+    pub max_lora: Option<u64>,
+    /// KV block size in tokens (`cache_config_info{block_size}`).
+    pub block_size: Option<u64>,
+    /// KV blocks (`cache_config_info{num_gpu_blocks}`).
+    pub num_blocks: Option<u64>,
+    /// When the metrics were scraped (ms); `None` if never.
+    pub updated_ms: Option<i64>,
+}
+
+/// An endpoint the scheduler may choose.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Candidate {
+    /// `ip:port`.
+    pub address: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its latest metrics.
+    pub metrics: Metrics,
+    /// Requests in flight through this gateway (all workers).
+    pub in_flight: u64,
+    /// Estimated tokens in flight through this gateway (all workers).
+    pub in_flight_tokens: u64,
+}
+
+impl Candidate {
+    /// A candidate with an address and nothing else.
+    pub fn new(address: &str) -> Self {
+        Self {
+            address: address.to_string(),
+            ..Self::default()
+        }
+    }
+}
+
+/// What the scheduler knows of a request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Request<'a> {
+    /// The model the request is sent as (after rewrite).
+    pub model: &'a str,
+    /// The prompt text (completions) or flattened messages (chat).
+    pub prompt: &'a str,
+    /// The optional `cache_salt` of the body.
+    pub cache_salt: Option<&'a str>,
+    /// Body size in bytes.
+    pub body_bytes: usize,
+    /// `x-session-token`, for session affinity.
+    pub session_token: Option<&'a str>,
+    /// Now, in ms (for staleness checks).
+    pub now_ms: i64,
+}
+
+impl Request<'_> {
+    /// Estimated input tokens: `max(body bytes / 4, 1)`, else prompt chars / 4.
+    pub fn input_tokens(&self) -> u64 {
+        if self.body_bytes > 0 {
+            (self.body_bytes as u64 / CHARS_PER_TOKEN).max(1)
+        } else {
+            ((self.prompt.chars().count() as u64 + CHARS_PER_TOKEN / 2) / CHARS_PER_TOKEN).max(1)
+        }
+    }
+
+    /// Estimated tokens of the request: input + round(1.5 × input), as the reference.
+    pub fn token_estimate(&self) -> u64 {
+        let input = self.input_tokens();
+        input + (input * 3).div_ceil(2)
+    }
+}
+
+/// One scheduling cycle, as the plugins see it.
+pub struct Cycle<'a> {
+    /// The request.
+    pub request: &'a Request<'a>,
+    /// Every candidate; plugins receive indices into this slice.
+    pub candidates: &'a [Candidate],
+    /// Prefix match per candidate (same order); empty when no prefix plugin is configured.
+    pub prefix: &'a [PrefixMatch],
+}
+
+impl Cycle<'_> {
+    /// The candidate at `i`.
+    pub fn candidate(&self, i: usize) -> Option<&Candidate> {
+        self.candidates.get(i)
+    }
+
+    /// The prefix match of candidate `i` (zero when unknown).
+    pub fn prefix_match(&self, i: usize) -> PrefixMatch {
+        self.prefix.get(i).copied().unwrap_or_default()
+    }
+}
+
+/// Narrows the candidates.
+pub trait Filter {
+    /// The endpoints kept, a subset of `endpoints` (indices into `cx.candidates`).
+    fn filter(&self, cx: &Cycle<'_>, endpoints: Vec<usize>, rng: &mut Rng) -> Vec<usize>;
+}
+
+/// Scores the candidates, 0..1 each (values outside are clamped).
+pub trait Scorer {
+    /// One score per entry of `endpoints`.
+    fn score(&self, cx: &Cycle<'_>, endpoints: &[usize]) -> Vec<f64>;
+    /// Called after a decision is applied (state for later picks).
+    fn pre_request(&self, _cx: &Cycle<'_>, _decision: &Decision) {}
+}
+
+/// Chooses among scored candidates.
+pub trait Picker {
+    /// The chosen endpoints, best first (`(index, total score)` pairs in, indices out).
+    fn pick(&self, scored: Vec<(usize, f64)>, rng: &mut Rng) -> Vec<usize>;
+}
+
+/// Where time went, for `inference_extension_plugin_duration_seconds`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginSample {
+    /// `ProfilePicker`, `Filter`, `Scorer`, `Picker` or `ProcessProfilesResults`.
+    pub extension_point: &'static str,
+    /// The plugin's type.
+    pub plugin_type: String,
+    /// The plugin's name.
+    pub plugin_name: String,
+    /// Nanoseconds.
+    pub ns: u64,
+}
+
+/// Measures plugins when a clock is given.
+pub struct Probe<'a> {
+    clock: Option<&'a dyn Fn() -> u64>,
+    /// The samples taken.
+    pub samples: Vec<PluginSample>,
+}
+
+impl<'a> Probe<'a> {
+    /// A probe reading `clock` (ns), or none.
+    pub fn new(clock: Option<&'a dyn Fn() -> u64>) -> Self {
+        Self {
+            clock,
+            samples: Vec::new(),
+        }
+    }
+
+    /// Now (0 without a clock).
+    pub fn now(&self) -> u64 {
+        self.clock.map_or(0, |c| c())
+    }
+
+    /// Records the time since `start`.
+    pub fn record(&mut self, point: &'static str, plugin_type: &str, name: &str, start: u64) {
+        if self.clock.is_some() {
+            let ns = self.now().saturating_sub(start);
+            self.samples.push(PluginSample {
+                extension_point: point,
+                plugin_type: plugin_type.to_string(),
+                plugin_name: name.to_string(),
+                ns,
+            });
+        }
+    }
+}
+
+/// The outcome of one profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileResult {
+    /// The profile's name.
+    pub profile: String,
+    /// Chosen candidates (indices), best first.
+    pub targets: Vec<usize>,
+}
+
+/// The scheduling decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The primary profile's name.
+    pub profile: String,
+    /// Candidate indices for `x-gateway-destination-endpoint`: primary, then fallbacks.
+    pub targets: Vec<usize>,
+    /// Candidate index of the prefill endpoint (P/D), for `x-prefiller-host-port`.
+    pub prefill: Option<usize>,
+    /// The request's block hashes (for the prefix index).
+    pub hashes: Vec<u64>,
+    /// Prefix match per candidate (empty without a prefix plugin).
+    pub prefix: Vec<PrefixMatch>,
+    /// Block size in tokens used for the hashes.
+    pub block_size_tokens: u32,
+    /// Whether P/D disaggregation was decided.
+    pub disaggregated: bool,
+}
+
+impl Decision {
+    /// The primary endpoint's index.
+    pub fn primary(&self) -> Option<usize> {
+        self.targets.first().copied()
+    }
+}
+
+/// Why no endpoint was chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleError {
+    /// No candidate endpoints at all.
+    NoCandidates,
+    /// A profile's filters removed every endpoint.
+    NoEndpoints {
+        /// The profile that failed.
+        profile: String,
+    },
+}
+
+impl std::fmt::Display for ScheduleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScheduleError::NoCandidates => write!(f, "no model server endpoint is available"),
+            ScheduleError::NoEndpoints { profile } => write!(
+                f,
+                "no model server endpoint is available (every endpoint was filtered out by profile \"{profile}\")"
+            ),
+        }
+    }
+}
+
+/// The configured scheduler (built by [`crate::registry::build`]).
+pub struct Scheduler {
+    /// Profiles by name, in configuration order.
+    pub profiles: Vec<Profile>,
+    /// The profile handler.
+    pub handler: Handler,
+    /// Prefix parameters, when a plugin needs prefix match information.
+    pub prefix: Option<PrefixConfig>,
+}
+
+impl Scheduler {
+    /// The profile called `name`.
+    pub fn profile(&self, name: &str) -> Option<&Profile> {
+        self.profiles.iter().find(|p| p.name == name)
+    }
+
+    /// Block size in tokens for this cycle: the first candidate's engine block size with
+    /// autoTune, else the configured one.
+    pub fn block_size_tokens(&self, candidates: &[Candidate]) -> u64 {
+        let Some(p) = &self.prefix else { return 0 };
+        let tuned = if p.auto_tune {
+            candidates
+                .first()
+                .and_then(|c| c.metrics.block_size)
+                .filter(|b| *b > 0)
+        } else {
+            None
+        };
+        tuned.unwrap_or(p.block_size_tokens).max(1)
+    }
+
+    /// LRU capacity for `candidate` in the prefix index.
+    pub fn lru_capacity(&self, candidate: &Candidate) -> u64 {
+        let Some(p) = &self.prefix else { return 0 };
+        if p.auto_tune {
+            if let Some(n) = candidate.metrics.num_blocks.filter(|n| *n > 0) {
+                return n;
+            }
+        }
+        p.lru_capacity_per_server
+    }
+
+    /// Hashes the request and matches it against `index` (when a prefix plugin is configured).
+    pub fn prepare(
+        &self,
+        request: &Request<'_>,
+        candidates: &[Candidate],
+        index: &PrefixIndex,
+    ) -> (Vec<u64>, Vec<PrefixMatch>, u32) {
+        let Some(p) = &self.prefix else {
+            return (Vec::new(), Vec::new(), 0);
+        };
+        let block_tokens = self.block_size_tokens(candidates);
+        let block_chars = usize::try_from(block_tokens * CHARS_PER_TOKEN).unwrap_or(usize::MAX);
+        let max_blocks = usize::try_from(p.max_prefix_blocks).unwrap_or(usize::MAX);
+        let hashes = hash_prompt(
+            request.model,
+            request.cache_salt,
+            request.prompt.as_bytes(),
+            block_chars,
+            max_blocks,
+        );
+        let bs = u32::try_from(block_tokens).unwrap_or(u32::MAX);
+        let matches = index.matches(&hashes, candidates.iter().map(|c| c.address.as_str()), bs);
+        (hashes, matches, bs)
+    }
+
+    /// Decides where `request` goes. Changes nothing.
+    pub fn schedule(
+        &self,
+        request: &Request<'_>,
+        candidates: &[Candidate],
+        index: &PrefixIndex,
+        rng: &mut Rng,
+        probe: &mut Probe<'_>,
+    ) -> Result<Decision, ScheduleError> {
+        if candidates.is_empty() {
+            return Err(ScheduleError::NoCandidates);
+        }
+        let (hashes, prefix, block_size_tokens) = self.prepare(request, candidates, index);
+        let cx = Cycle {
+            request,
+            candidates,
+            prefix: &prefix,
+        };
+        let outcome = self.handler.run(self, &cx, rng, probe)?;
+        Ok(Decision {
+            profile: outcome.primary.profile,
+            targets: outcome.primary.targets,
+            prefill: outcome.prefill,
+            hashes,
+            prefix,
+            block_size_tokens,
+            disaggregated: outcome.disaggregated,
+        })
+    }
+
+    /// Lets stateful plugins learn from an applied decision.
+    pub fn pre_request(
+        &self,
+        request: &Request<'_>,
+        candidates: &[Candidate],
+        decision: &Decision,
+    ) {
+        let cx = Cycle {
+            request,
+            candidates,
+            prefix: &decision.prefix,
+        };
+        for p in &self.profiles {
+            for s in &p.scorers {
+                s.plugin.pre_request(&cx, decision);
+            }
+        }
+    }
+}
+
+/// Helpers for the plugin tests.
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+
+    /// Candidates `10.0.0.<i+1>:8000` with the given waiting, running and KV usage.
+    pub fn candidates(loads: &[(u64, u64, f64)]) -> Vec<Candidate> {
+        loads
+            .iter()
+            .enumerate()
+            .map(|(i, (w, r, kv))| Candidate {
+                address: format!("10.0.0.{}:8000", i + 1),
+                metrics: Metrics {
+                    waiting: *w,
+                    running: *r,
+                    kv_usage: *kv,
+                    updated_ms: Some(0),
+                    ..Metrics::default()
+                },
+                ..Candidate::default()
+            })
+            .collect()
+    }
+
+    /// Runs `f` with a cycle over `candidates` and prefix matches `prefix`.
+    pub fn with_cycle<R>(
+        candidates: &[Candidate],
+        prefix: &[PrefixMatch],
+        f: impl FnOnce(&Cycle<'_>) -> R,
+    ) -> R {
+        let request = Request {
+            model: "m",
+            prompt: "hello",
+            ..Request::default()
+        };
+        let cx = Cycle {
+            request: &request,
+            candidates,
+            prefix,
+        };
+        f(&cx)
+    }
+
+    /// All indices of `candidates`.
+    pub fn all(candidates: &[Candidate]) -> Vec<usize> {
+        (0..candidates.len()).collect()
+    }
+}

@@ -1,0 +1,30 @@
+//! `kv-cache-utilization-scorer`: `1 − KVCacheUsagePercent` (usage is a 0..1 fraction).
+
+use crate::scheduler::{Cycle, Scorer};
+
+/// The KV-cache utilization scorer.
+#[derive(Debug, Default)]
+pub struct KvCache;
+
+impl Scorer for KvCache {
+    fn score(&self, cx: &Cycle<'_>, endpoints: &[usize]) -> Vec<f64> {
+        endpoints
+            .iter()
+            .map(|&i| cx.candidate(i).map_or(0.0, |c| 1.0 - c.metrics.kv_usage))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::testing::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn prefers_free_kv_cache() {
+        let c = candidates(&[(0, 0, 0.0), (0, 0, 0.25), (0, 0, 1.0)]);
+        let s = with_cycle(&c, &[], |cx| KvCache.score(cx, &all(&c)));
+        assert_eq!(s, vec![1.0, 0.75, 0.0]);
+    }
+}

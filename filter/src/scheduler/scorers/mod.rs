@@ -1,0 +1,31 @@
+//! Scorers: each returns a value in [0, 1] per endpoint (higher is better).
+//!
+//! | type | file | formula |
+//! |---|---|---|
+//! | `kv-cache-utilization-scorer` | [`kv_cache`] | `1 − kv_usage` |
+//! | `queue-scorer` (`queue-depth-scorer`) | [`queue`] | `(maxQ − q)/(maxQ − minQ)`, all equal → 1 |
+//! | `running-requests-size-scorer` | [`running_requests`] | same min-max on running requests |
+//! | `token-load-scorer` | [`token_load`] | `1 − min(load, T)/T`, load ≤ 0 → 1 |
+//! | `lora-affinity-scorer` | [`lora_affinity`] | 1 / 0.8 / 0.6 / 0 |
+//! | `prefix-cache-scorer` | [`prefix_cache`] | `matchedBlocks / totalBlocks` |
+//! | `session-affinity-scorer` | [`session_affinity`] | 1 for the session's endpoint, else 0 |
+//! | `no-hit-lru-scorer` | [`no_hit_lru`] | cold requests spread to never/least recently used |
+
+pub mod kv_cache;
+pub mod lora_affinity;
+pub mod no_hit_lru;
+pub mod prefix_cache;
+pub mod queue;
+pub mod running_requests;
+pub mod session_affinity;
+pub mod token_load;
+
+/// Min-max normalisation where lower is better: `(max − v)/(max − min)`; all equal → 1.
+pub fn lower_is_better(values: &[f64]) -> Vec<f64> {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if values.is_empty() || max <= min {
+        return vec![1.0; values.len()];
+    }
+    values.iter().map(|v| (max - v) / (max - min)).collect()
+}

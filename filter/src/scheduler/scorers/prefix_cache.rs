@@ -1,0 +1,38 @@
+//! `prefix-cache-scorer`: `matchedBlocks / totalBlocks` from the approximate prefix index
+//! (0 when the request has no blocks). The index and its parameters are in `crate::prefix`.
+
+use crate::scheduler::{Cycle, Scorer};
+
+/// The prefix-cache scorer.
+#[derive(Debug, Default)]
+pub struct PrefixCache;
+
+impl Scorer for PrefixCache {
+    fn score(&self, cx: &Cycle<'_>, endpoints: &[usize]) -> Vec<f64> {
+        endpoints
+            .iter()
+            .map(|&i| cx.prefix_match(i).ratio())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prefix::index::PrefixMatch;
+    use crate::scheduler::testing::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn matched_over_total_blocks() {
+        let c = candidates(&[(0, 0, 0.0); 3]);
+        let m = |matched, total| PrefixMatch {
+            matched,
+            total,
+            block_size_tokens: 16,
+        };
+        let p = [m(3, 4), m(0, 4), m(0, 0)];
+        let s = with_cycle(&c, &p, |cx| PrefixCache.score(cx, &all(&c)));
+        assert_eq!(s, vec![0.75, 0.0, 0.0]);
+    }
+}
