@@ -4,7 +4,7 @@
 Used by scripts/run and by the end-to-end tests, so both run the same Envoy setup.
 
   render.py --wasm PATH --listen-port N --admin-port N [--config FILE]
-            [--endpoints ip:port,...] [--no-filter] > bootstrap.yaml
+            [--endpoints ip:port,...] [--cluster NAME=ip:port,...] [--no-filter] > bootstrap.yaml
 
 --config is the filter configuration: JSON, or YAML as in the reference's docs (a .yaml/.yml
 file, or anything that is not JSON), which the workspace's `epp-config` tool validates and
@@ -33,6 +33,8 @@ def main():
     p.add_argument("--config", help="filter configuration file (JSON)")
     p.add_argument("--endpoints", help="comma-separated ip:port list for pool.endpoints")
     p.add_argument("--no-filter", action="store_true", help="plain Envoy, for comparisons")
+    p.add_argument("--cluster", action="append", default=[],
+                   help="an extra STATIC cluster NAME=ip:port,... (e.g. for pool.discovery)")
     a = p.parse_args()
 
     config = {}
@@ -66,12 +68,24 @@ def main():
                    .replace("{{PLUGIN_CONFIG}}", json.dumps(json.dumps(config)))
                    .replace("{{WASM}}", json.dumps(os.path.abspath(a.wasm)))
                    .rstrip("\n"))
+    extra = ""
+    for spec in a.cluster:
+        name, _, addrs = spec.partition("=")
+        hosts = []
+        for addr in [x for x in addrs.split(",") if x]:
+            host, _, port = addr.rpartition(":")
+            hosts.append("{endpoint: {address: {socket_address: {address: %s, port_value: %s}}}}"
+                         % (json.dumps(host.strip("[]")), int(port)))
+        extra += ("  - name: %s\n    connect_timeout: 1s\n    type: STATIC\n"
+                  "    load_assignment: {cluster_name: %s, endpoints: [{lb_endpoints: [%s]}]}\n"
+                  % (json.dumps(name), json.dumps(name), ", ".join(hosts)))
     out = (read("bootstrap.yaml.in")
            .replace("{{ADMIN_PORT}}", str(admin_port))
            .replace("{{LISTEN_PORT}}", str(a.listen_port))
            .replace("{{BUFFER_LIMIT}}", str(2 * limit + 65536))
            .replace("{{STATS_TAGS}}", tags)
-           .replace("{{HTTP_FILTERS}}", filters))
+           .replace("{{HTTP_FILTERS}}", filters)
+           .replace("{{EXTRA_CLUSTERS}}\n", extra))
     sys.stdout.write(out)
 
 

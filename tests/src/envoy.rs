@@ -32,6 +32,24 @@ impl Envoy {
         let dir = scratch_dir("envoy");
         let config_path = dir.join("filter.json");
         std::fs::write(&config_path, config.to_string()).expect("write filter config");
+        let mut extra = Vec::new();
+        if !with_filter {
+            extra.push("--no-filter".to_string());
+        }
+        Self::launch(&config_path, endpoints, workers, &extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts Envoy with the filter configured by the file at `config_path` (JSON or YAML,
+    /// as `scripts/lib/render.py --config` takes it), `extra` render.py arguments, and
+    /// returns why it could not start instead of panicking (the render error, or Envoy's
+    /// log when it refused the configuration).
+    pub fn launch(
+        config_path: &std::path::Path,
+        endpoints: &[&str],
+        workers: u32,
+        extra: &[String],
+    ) -> Result<Envoy, String> {
+        let dir = scratch_dir("envoy");
         let bootstrap = dir.join("bootstrap.yaml");
         let mut render = Command::new("python3");
         render
@@ -39,19 +57,18 @@ impl Envoy {
             .arg("--wasm")
             .arg(paths::wasm())
             .arg("--config")
-            .arg(&config_path)
+            .arg(config_path)
             .arg("--endpoints")
-            .arg(endpoints.join(","));
-        if !with_filter {
-            render.arg("--no-filter");
+            .arg(endpoints.join(","))
+            .args(extra);
+        let out = render.output().map_err(|e| format!("run render.py: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "render.py failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
-        let out = render.output().expect("run render.py");
-        assert!(
-            out.status.success(),
-            "render.py failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::write(&bootstrap, &out.stdout).expect("write bootstrap");
+        std::fs::write(&bootstrap, &out.stdout).map_err(|e| format!("write bootstrap: {e}"))?;
         let admin_path = dir.join("admin-address");
         let log = dir.join("envoy.log");
         let child = Command::new(paths::envoy())
@@ -70,22 +87,22 @@ impl Envoy {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("start envoy");
+            .map_err(|e| format!("start envoy: {e}"))?;
         let mut envoy = Envoy {
             child,
             log,
             listen: String::new(),
             admin: String::new(),
         };
-        envoy.wait_ready(&admin_path);
-        envoy
+        envoy.try_wait_ready(&admin_path)?;
+        Ok(envoy)
     }
 
-    fn wait_ready(&mut self, admin_path: &PathBuf) {
+    fn try_wait_ready(&mut self, admin_path: &PathBuf) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("envoy exited with {status}:\n{}", self.log_text());
+                return Err(format!("envoy exited with {status}:\n{}", self.log_text()));
             }
             if let Ok(a) = std::fs::read_to_string(admin_path) {
                 if !a.trim().is_empty() {
@@ -93,14 +110,14 @@ impl Envoy {
                     if let Ok(r) = http::get(&self.admin, "/ready") {
                         if r.status == 200 {
                             self.listen = self.listener_address();
-                            return;
+                            return Ok(());
                         }
                     }
                 }
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("envoy not ready within 30 s:\n{}", self.log_text());
+        Err(format!("envoy not ready within 30 s:\n{}", self.log_text()))
     }
 
     fn listener_address(&self) -> String {

@@ -119,6 +119,14 @@ unsafe fn owned(data: *mut u8, size: usize) -> Vec<u8> {
     }
 }
 
+/// Host clock in nanoseconds since the Unix epoch.
+pub fn now_ns() -> Result<u64, Status> {
+    let mut ns: u64 = 0;
+    // SAFETY: the out-pointer is valid for the call.
+    check(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
+    Ok(ns)
+}
+
 /// Host clock in milliseconds since the Unix epoch.
 pub fn now_ms() -> Result<i64, Status> {
     let mut ns: u64 = 0;

@@ -55,7 +55,7 @@ pub struct Http {
 }
 
 fn now_ns() -> u64 {
-    host::now_ms().map_or(0, |ms| ms.unsigned_abs().saturating_mul(1_000_000))
+    host::now_ns().unwrap_or(0)
 }
 
 impl Http {

@@ -136,7 +136,7 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
         }
         if now.saturating_sub(s.last_gauges_ms) >= GAUGE_PERIOD_MS {
             s.last_gauges_ms = now;
-            gauges(rt, &mut s, now);
+            gauges(rt, &mut s, vm, now);
         }
     });
 }
@@ -280,7 +280,7 @@ fn publish(s: &mut Scraper, now: i64) {
     }
 }
 
-fn gauges(rt: &Runtime, s: &mut Scraper, now: i64) {
+fn gauges(rt: &Runtime, s: &mut Scraper, vm: u64, now: i64) {
     let name = rt.config.pool.name.as_str();
     let snaps: Vec<EndpointSnapshot> = s.results.values().cloned().collect();
     let p = pool_stats(&snaps, now);
@@ -317,6 +317,7 @@ fn gauges(rt: &Runtime, s: &mut Scraper, now: i64) {
         stats::set(&metrics::POOL_PER_POD_QUEUE, &[name, gone], 0);
     }
     s.gauge_pods = pods;
-    let size = u64::try_from(state::prefix_size()).unwrap_or(u64::MAX);
+    // This VM may not pick at all (the main thread's): catch its index up first.
+    let size = u64::try_from(state::with_prefix(vm, |ix| ix.size())).unwrap_or(u64::MAX);
     stats::set(&metrics::PREFIX_INDEXER_SIZE, &[], size);
 }

@@ -54,11 +54,6 @@ pub fn with_prefix<R>(vm: u64, f: impl FnOnce(&mut PrefixIndex) -> R) -> R {
     })
 }
 
-/// Entries in this VM's prefix index.
-pub fn prefix_size() -> usize {
-    PREFIX.with(|p| p.borrow().0.size())
-}
-
 /// Runs `f` with fresh snapshots and discovered endpoints.
 pub fn with_view<R>(discovery: bool, f: impl FnOnce(&View) -> R) -> R {
     VIEW.with(|v| {

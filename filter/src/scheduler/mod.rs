@@ -419,3 +419,6 @@ pub mod testing {
         (0..candidates.len()).collect()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,372 @@
+//! The scheduler and data layer end to end through a real Envoy 1.40 (2 workers) in front
+//! of `vllm-sim` servers: metrics scraped and exported, prefix affinity across workers,
+//! failed endpoints leaving the pool, discovery from Envoy's admin API, the subset hint,
+//! YAML configuration and refused configurations.
+
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tests::envoy::Envoy;
+use tests::http;
+use tests::scratch_dir;
+use tests::sim::Sim;
+
+const MODEL: &str = "sim-model";
+
+fn sims(n: usize) -> Vec<Sim> {
+    Sim::pool(
+        n,
+        &[
+            "--model",
+            MODEL,
+            "--time-to-first-token",
+            "5ms",
+            "--inter-token-latency",
+            "2ms",
+        ],
+    )
+}
+
+fn addrs(sims: &[Sim]) -> Vec<&str> {
+    sims.iter().map(|s| s.address.as_str()).collect()
+}
+
+fn completion(prompt: &str) -> String {
+    json!({"model": MODEL, "prompt": prompt, "max_tokens": 2}).to_string()
+}
+
+fn served_by(envoy: &Envoy, prompt: &str) -> String {
+    let r = http::post_json(&envoy.listen, "/v1/completions", &completion(prompt)).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("x-sim-server").expect("x-sim-server").to_string()
+}
+
+/// Polls `cond` every 50 ms for up to `secs` seconds.
+fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+fn metric_line<'a>(prom: &'a str, name: &str, labels: &[(&str, &str)]) -> Option<&'a str> {
+    prom.lines().find(|l| {
+        { l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")) }
+            .then_some(())
+            .is_some()
+            && labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+            && l.split(['{', ' ']).next() == Some(name)
+    })
+}
+
+fn value(line: &str) -> f64 {
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn pool_and_scheduler_metrics_appear_in_prometheus_with_their_labels() {
+    let sims = sims(2);
+    let envoy = Envoy::start(&json!({"pool": {"name": "llama-pool"}}), &addrs(&sims), 2);
+    let prompt = "Tell me about the weather in a city by the sea. ".repeat(8);
+    for _ in 0..4 {
+        served_by(&envoy, &prompt);
+    }
+    let mut prom = String::new();
+    let ready = eventually(10, || {
+        prom = envoy.prometheus();
+        metric_line(
+            &prom,
+            "inference_pool_ready_pods",
+            &[("name", "llama-pool")],
+        )
+        .is_some_and(|l| value(l) == 2.0)
+    });
+    assert!(ready, "{prom}");
+    for (name, labels) in [
+        (
+            "inference_pool_average_kv_cache_utilization",
+            vec![("name", "llama-pool")],
+        ),
+        (
+            "inference_pool_average_queue_size",
+            vec![("name", "llama-pool")],
+        ),
+        (
+            "inference_pool_average_running_requests",
+            vec![("name", "llama-pool")],
+        ),
+        (
+            "inference_pool_per_pod_queue_size",
+            vec![
+                ("name", "llama-pool"),
+                ("model_server_pod", sims[0].address.as_str()),
+            ],
+        ),
+        (
+            "inference_pool_per_pod_queue_size",
+            vec![
+                ("name", "llama-pool"),
+                ("model_server_pod", sims[1].address.as_str()),
+            ],
+        ),
+        ("inference_extension_prefix_indexer_size", vec![]),
+    ] {
+        assert!(
+            metric_line(&prom, name, &labels).is_some(),
+            "{name} {labels:?} missing:\n{prom}"
+        );
+    }
+    let info = metric_line(
+        &prom,
+        "inference_extension_info",
+        &[("commit", env!("CARGO_PKG_VERSION"))],
+    )
+    .unwrap_or_else(|| panic!("{prom}"));
+    assert!(info.contains("build_ref=\""), "{info}");
+    assert_eq!(value(info), 1.0, "every VM sets 1, none adds: {info}");
+    assert!(
+        value(metric_line(&prom, "inference_extension_prefix_indexer_size", &[]).unwrap()) >= 1.0,
+        "{prom}"
+    );
+    let count = |name: &str, labels: &[(&str, &str)]| {
+        metric_line(&prom, &format!("{name}_count"), labels).map(value)
+    };
+    assert_eq!(
+        count("inference_extension_scheduler_e2e_duration_seconds", &[]),
+        Some(4.0),
+        "{prom}"
+    );
+    assert_eq!(
+        count("inference_extension_prefix_indexer_hit_ratio", &[]),
+        Some(4.0),
+        "{prom}"
+    );
+    assert_eq!(
+        count("inference_extension_prefix_indexer_hit_bytes", &[]),
+        Some(4.0),
+        "{prom}"
+    );
+    assert_eq!(
+        count(
+            "inference_extension_plugin_duration_seconds",
+            &[
+                ("extension_point", "Scorer"),
+                ("plugin_type", "queue-scorer"),
+                ("plugin_name", "queue-scorer")
+            ]
+        ),
+        Some(4.0),
+        "{prom}"
+    );
+    assert_eq!(
+        metric_line(
+            &prom,
+            "inference_extension_scheduler_attempts_total",
+            &[("status", "success"), ("target_model_name", MODEL)]
+        )
+        .map(value),
+        Some(4.0)
+    );
+    assert_eq!(
+        metric_line(
+            &prom,
+            "inference_objective_running_requests",
+            &[("model_name", MODEL)]
+        )
+        .map(value),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn a_repeated_prompt_follows_its_prefix_cache_across_workers() {
+    let sims = sims(3);
+    let envoy = Envoy::start(&json!({}), &addrs(&sims), 2);
+    // Each request is a new connection, so they land on both workers; the index learned
+    // by whichever worker routed the first one steers every later one.
+    let prompt = "System: you are a meticulous assistant. Context: ".repeat(10);
+    let first = served_by(&envoy, &prompt);
+    for i in 0..12 {
+        assert_eq!(served_by(&envoy, &prompt), first, "request {i}");
+    }
+    // Different conversations still spread over the pool.
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for i in 0..30 {
+        *seen
+            .entry(served_by(
+                &envoy,
+                &format!("{i} another conversation entirely {i}").repeat(6),
+            ))
+            .or_default() += 1;
+    }
+    assert!(seen.len() >= 2, "{seen:?}");
+}
+
+#[test]
+fn an_endpoint_that_stops_answering_leaves_the_candidates() {
+    let mut sims = sims(2);
+    let envoy = Envoy::start(&json!({}), &addrs(&sims), 2);
+    // Both serve at first.
+    assert!(eventually(10, || {
+        let p = envoy.prometheus();
+        metric_line(&p, "inference_pool_ready_pods", &[]).is_some_and(|l| value(l) == 2.0)
+    }));
+    let dead = sims.remove(0);
+    let alive = sims[0].address.clone();
+    drop(dead);
+    std::thread::sleep(Duration::from_millis(500));
+    for i in 0..20 {
+        let r = http::post_json(
+            &envoy.listen,
+            "/v1/completions",
+            &completion(&format!("after {i}")),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.header("x-sim-server"), Some(alive.as_str()));
+    }
+    // The pool gauge counts only endpoints that answer.
+    assert!(eventually(10, || {
+        let p = envoy.prometheus();
+        metric_line(&p, "inference_pool_ready_pods", &[]).is_some_and(|l| value(l) == 1.0)
+    }));
+}
+
+#[test]
+fn endpoints_are_discovered_from_envoys_cluster_membership() {
+    let sims = sims(2);
+    let dir = scratch_dir("discovery");
+    let config = dir.join("filter.json");
+    std::fs::write(
+        &config,
+        json!({"pool": {"discovery": {"cluster": "model-servers", "refreshInterval": "100ms"}}})
+            .to_string(),
+    )
+    .unwrap();
+    let cluster = format!("model-servers={}", addrs(&sims).join(","));
+    let envoy = Envoy::launch(&config, &[], 2, &["--cluster".to_string(), cluster]).unwrap();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let found = eventually(10, || {
+        let r = http::post_json(&envoy.listen, "/v1/completions", &completion("hello")).unwrap();
+        r.status == 200
+    });
+    assert!(
+        found,
+        "no request was served from discovered endpoints:\n{}",
+        envoy.log_text()
+    );
+    for i in 0..30 {
+        *seen
+            .entry(served_by(&envoy, &format!("discovered {i}")))
+            .or_default() += 1;
+    }
+    for s in &sims {
+        assert!(
+            seen.contains_key(&s.address),
+            "{} never served: {seen:?}",
+            s.address
+        );
+    }
+}
+
+#[test]
+fn the_subset_hint_restricts_the_candidates() {
+    let sims = sims(3);
+    let envoy = Envoy::start(&json!({}), &addrs(&sims), 2);
+    for _ in 0..6 {
+        let r = http::request(
+            &envoy.listen,
+            "POST",
+            "/v1/completions",
+            &[
+                ("content-type", "application/json"),
+                ("x-gateway-destination-endpoint-subset", &sims[2].address),
+            ],
+            completion("subset").as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-sim-server"), Some(sims[2].address.as_str()));
+    }
+    // A hint naming no pool member: 503 with a JSON error.
+    let r = http::request(
+        &envoy.listen,
+        "POST",
+        "/v1/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-gateway-destination-endpoint-subset", "10.255.255.1:9"),
+        ],
+        completion("nowhere").as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["type"], "service_unavailable");
+}
+
+#[test]
+fn a_yaml_configuration_as_in_the_reference_docs_loads() {
+    let sims = sims(2);
+    let dir = scratch_dir("yaml");
+    let path = dir.join("epp.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\n\
+         kind: EndpointPickerConfig\n\
+         plugins:\n\
+         - type: queue-scorer\n\
+         - type: kv-cache-utilization-scorer\n\
+         - type: prefix-cache-scorer\n\
+         - type: max-score-picker\n\
+         schedulingProfiles:\n\
+         - name: default\n\
+         \x20 plugins:\n\
+         \x20 - pluginRef: queue-scorer\n\
+         \x20   weight: 1\n\
+         \x20 - pluginRef: kv-cache-utilization-scorer\n\
+         \x20   weight: 1\n\
+         \x20 - pluginRef: prefix-cache-scorer\n\
+         \x20   weight: 5\n",
+    )
+    .unwrap();
+    let envoy = Envoy::launch(&path, &addrs(&sims), 2, &[]).unwrap();
+    served_by(&envoy, "yaml works");
+}
+
+#[test]
+fn an_invalid_configuration_is_refused_and_envoy_says_why() {
+    let sims = sims(1);
+    let dir = scratch_dir("bad");
+    let path = dir.join("filter.json");
+    std::fs::write(
+        &path,
+        json!({"plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}, {"type": "foo-scorer"}]}).to_string(),
+    )
+    .unwrap();
+    let err = match Envoy::launch(&path, &addrs(&sims), 1, &[]) {
+        Ok(_) => panic!("Envoy started with an invalid configuration"),
+        Err(e) => e,
+    };
+    assert!(
+        err.contains("plugins[2].type") && err.contains("unknown plugin type \"foo-scorer\""),
+        "{err}"
+    );
+    // The YAML path validates before Envoy starts, with the same message.
+    let yaml = dir.join("bad.yaml");
+    std::fs::write(&yaml, "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: p\n  plugins:\n  - pluginRef: nope\n").unwrap();
+    let err = match Envoy::launch(&yaml, &addrs(&sims), 1, &[]) {
+        Ok(_) => panic!("an invalid YAML configuration was accepted"),
+        Err(e) => e,
+    };
+    assert!(
+        err.contains("schedulingProfiles[0].plugins[0].pluginRef")
+            && err.contains("unknown pluginRef \"nope\""),
+        "{err}"
+    );
+}
