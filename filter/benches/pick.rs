@@ -1,1 +1,130 @@
-fn main() {}
+//! The cost of one pick, natively: the default profile (queue 2, kv-cache 2, prefix 3,
+//! max-score picker) over 8, 64 and 512 endpoints with a warm prefix index.
+//!
+//! * `schedule/N` — hashing the prompt, matching it against the index, scoring, picking.
+//! * `pick_with_ledger/N` — the same inside the cross-worker in-flight ledger's CAS
+//!   update (what the proxy does per request), on the in-memory store.
+//!
+//! Run: `cargo bench -p filter --bench pick`.
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
+use epp_filter::config::Config;
+use epp_filter::inflight;
+use epp_filter::prefix::index::PrefixIndex;
+use epp_filter::registry;
+use epp_filter::rng::Rng;
+use epp_filter::scheduler::{Candidate, Metrics, Probe, Request, Scheduler};
+use epp_filter::shared_store::MemoryStore;
+
+fn setup(n: usize) -> (Scheduler, Vec<Candidate>, PrefixIndex, String) {
+    let scheduler = registry::build(&Config::default()).expect("default config");
+    let mut rng = Rng::new(42);
+    let candidates: Vec<Candidate> = (0..n)
+        .map(|i| Candidate {
+            address: format!("10.{}.{}.{}:8000", i / 65536, (i / 256) % 256, i % 256),
+            metrics: Metrics {
+                waiting: rng.below(8) as u64,
+                running: rng.below(32) as u64,
+                kv_usage: rng.next_f64(),
+                updated_ms: Some(0),
+                ..Metrics::default()
+            },
+            ..Candidate::default()
+        })
+        .collect();
+    // Warm index: 2,000 conversations of ~2 KB (32 blocks) spread over the endpoints,
+    // 20 system prompts shared between them.
+    let mut index = PrefixIndex::new();
+    let block_chars = 64;
+    for k in 0..2000 {
+        let prompt = format!(
+            "{}{}",
+            format!("system prompt {} ", k % 20).repeat(40),
+            format!("user turn {k} ").repeat(60)
+        );
+        let hashes =
+            epp_filter::prefix::hash::hash_prompt("m", None, prompt.as_bytes(), block_chars, 256);
+        let ep = &candidates[rng.below(n)].address;
+        index.insert(ep, &hashes, 31_250);
+    }
+    let request = format!(
+        "{}{}",
+        "system prompt 7 ".repeat(40),
+        "a new question about something else ".repeat(30)
+    );
+    (scheduler, candidates, index, request)
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("schedule");
+    for n in [8usize, 64, 512] {
+        let (scheduler, candidates, index, prompt) = setup(n);
+        let request = Request {
+            model: "m",
+            prompt: &prompt,
+            body_bytes: prompt.len() + 40,
+            ..Request::default()
+        };
+        let mut seed = 0u64;
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                seed += 1;
+                let d = scheduler.schedule(
+                    black_box(&request),
+                    black_box(&candidates),
+                    &index,
+                    &mut Rng::new(seed),
+                    &mut Probe::new(None),
+                );
+                black_box(d.ok())
+            })
+        });
+    }
+    group.finish();
+    let mut group = c.benchmark_group("pick_with_ledger");
+    for n in [8usize, 64, 512] {
+        let (scheduler, mut candidates, index, prompt) = setup(n);
+        let request = Request {
+            model: "m",
+            prompt: &prompt,
+            body_bytes: prompt.len() + 40,
+            ..Request::default()
+        };
+        let store = MemoryStore::default();
+        let mut seed = 0u64;
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                seed += 1;
+                let picked = inflight::acquire_with(&store, 1, 0, |ledger| {
+                    let totals = ledger.totals();
+                    for c in candidates.iter_mut() {
+                        let (f, t) = totals.get(c.address.as_str()).copied().unwrap_or_default();
+                        c.in_flight = f;
+                        c.in_flight_tokens = t;
+                    }
+                    let d = scheduler.schedule(
+                        &request,
+                        &candidates,
+                        &index,
+                        &mut Rng::new(seed),
+                        &mut Probe::new(None),
+                    );
+                    let pick = d
+                        .ok()
+                        .and_then(|d| d.primary())
+                        .map(|i| (candidates[i].address.clone(), 100));
+                    (pick.clone(), pick)
+                })
+                .expect("ledger");
+                // Release at once so the ledger stays at its steady-state size.
+                if let Some((ep, t)) = picked {
+                    inflight::release_with_tokens(&store, 1, &ep, t, 0).expect("release");
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

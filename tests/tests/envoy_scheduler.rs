@@ -370,3 +370,37 @@ fn an_invalid_configuration_is_refused_and_envoy_says_why() {
         "{err}"
     );
 }
+
+#[test]
+fn fallback_endpoints_ride_in_the_destination_header_and_the_primary_serves() {
+    let sims = sims(3);
+    let envoy = Envoy::start(
+        &json!({"plugins": [{"type": "queue-scorer"}, {"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": 3}}]}),
+        &addrs(&sims),
+        2,
+    );
+    // A client cannot pick the primary either.
+    let r = http::request(
+        &envoy.listen,
+        "POST",
+        "/v1/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-gateway-destination-endpoint-primary", "10.255.255.1:9"),
+        ],
+        completion("fb").as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    for i in 0..6 {
+        let r = http::post_json(
+            &envoy.listen,
+            "/v1/completions",
+            &completion(&format!("fb {i}")),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let served = r.header("x-gateway-destination-endpoint-served").unwrap();
+        assert_eq!(Some(served), r.header("x-sim-server"));
+    }
+}

@@ -26,8 +26,13 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
 
-/// Request header carrying the chosen endpoints to the ORIGINAL_DST cluster.
+/// Request header carrying the chosen endpoints (primary, then fallbacks, comma-separated),
+/// as the reference protocol defines it. An `override_host` cluster takes its first member.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
+/// Request header carrying the primary endpoint alone: what our ORIGINAL_DST cluster
+/// routes on (ORIGINAL_DST reads a single `ip:port`, so a fallback list in
+/// [`DESTINATION`] would make it fail).
+pub const PRIMARY: &str = "x-gateway-destination-endpoint-primary";
 /// Response header naming the endpoint that served.
 pub const SERVED: &str = "x-gateway-destination-endpoint-served";
 /// Request header restricting the candidates (set by the route or an earlier filter).
@@ -37,7 +42,7 @@ pub const PREFILLER: &str = "x-prefiller-host-port";
 /// Model rewrite request headers (GIE name, router name).
 const REWRITE_HEADERS: [&str; 2] = ["x-gateway-model-name-rewrite", "x-llm-d-model-name-rewrite"];
 /// Headers a client must not set: the gateway owns them.
-const SYSTEM_OWNED: [&str; 3] = [DESTINATION, SERVED, PREFILLER];
+const SYSTEM_OWNED: [&str; 4] = [DESTINATION, PRIMARY, SERVED, PREFILLER];
 
 /// A request scheduled to an endpoint and not yet finished.
 struct InFlight {
@@ -209,8 +214,9 @@ impl Http {
             return self.fail_schedule(model, "no model server endpoint is available");
         };
         scheduler.pre_request(&sreq, &cands, &decision);
-        if let Err(status) = host::set_header(Map::RequestHeaders, DESTINATION, &targets.join(","))
-        {
+        let routed = host::set_header(Map::RequestHeaders, DESTINATION, &targets.join(","))
+            .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &primary));
+        if let Err(status) = routed {
             log::error!("cannot set {DESTINATION}: status {status}");
             if let Err(e) = inflight::release_with_tokens(&HostStore, vm, &primary, tokens, now) {
                 log::warn!("in-flight release failed: {e:?}");
@@ -277,7 +283,9 @@ impl Http {
         if counted.is_err() {
             return None;
         }
-        if host::set_header(Map::RequestHeaders, DESTINATION, &pick).is_err() {
+        let routed = host::set_header(Map::RequestHeaders, DESTINATION, &pick)
+            .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &pick));
+        if routed.is_err() {
             let _ = inflight::release_with_tokens(&HostStore, self.vm, &pick, tokens, now);
             return None;
         }
