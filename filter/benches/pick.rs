@@ -7,6 +7,9 @@
 //!
 //! Run: `cargo bench -p filter --bench pick`.
 
+// A benchmark, not the data path: panicking on a broken setup is what we want.
+#![allow(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)]
+
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use epp_filter::config::Config;
 use epp_filter::inflight;
