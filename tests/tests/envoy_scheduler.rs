@@ -404,3 +404,34 @@ fn fallback_endpoints_ride_in_the_destination_header_and_the_primary_serves() {
         assert_eq!(Some(served), r.header("x-sim-server"));
     }
 }
+
+#[test]
+fn model_rewrites_send_the_target_model_and_answer_with_the_clients_name() {
+    let sims = sims(1);
+    let envoy = Envoy::start(
+        &json!({"pool": {"modelRewrites": [{"name": "alias", "modelName": "friendly-name",
+            "targets": [{"modelName": MODEL, "weight": 1}]}]}}),
+        &addrs(&sims),
+        2,
+    );
+    let body = json!({"model": "friendly-name", "prompt": "hi", "max_tokens": 2}).to_string();
+    let r = http::post_json(&envoy.listen, "/v1/completions", &body).unwrap();
+    assert_eq!(r.status, 200, "the server knows only {MODEL}: {}", r.text());
+    assert_eq!(r.json()["model"], "friendly-name", "{}", r.text());
+    // The rewrite header works too; without any rewrite the server refuses the name.
+    let other = json!({"model": "unknown-name", "prompt": "hi", "max_tokens": 2}).to_string();
+    let r = http::request(
+        &envoy.listen,
+        "POST",
+        "/v1/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-gateway-model-name-rewrite", MODEL),
+        ],
+        other.as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = http::post_json(&envoy.listen, "/v1/completions", &other).unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
+}

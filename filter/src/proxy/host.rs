@@ -165,6 +165,17 @@ pub fn set_request_body(current_size: usize, body: &[u8]) -> Result<(), Status> 
     check(unsafe { proxy_set_buffer_bytes(0, 0, current_size, body.as_ptr(), body.len()) })
 }
 
+/// The response body chunk being delivered, bytes `0..size`.
+pub fn response_body(size: usize) -> Result<Vec<u8>, Status> {
+    get_buffer(1, 0, size)
+}
+
+/// Replaces the response body chunk being delivered.
+pub fn set_response_body(current_size: usize, body: &[u8]) -> Result<(), Status> {
+    // SAFETY: the slice is valid for the call.
+    check(unsafe { proxy_set_buffer_bytes(1, 0, current_size, body.as_ptr(), body.len()) })
+}
+
 /// The body of the HTTP callout response being delivered.
 pub fn http_call_body(size: usize) -> Result<Vec<u8>, Status> {
     get_buffer(4, 0, size)

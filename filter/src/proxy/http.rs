@@ -51,12 +51,19 @@ struct InFlight {
     tokens: u64,
 }
 
+/// A model rewrite to undo in the response: `"model":"<sent>"` becomes the client's name.
+struct Rewritten {
+    sent: String,
+    client: String,
+}
+
 pub struct Http {
     id: u32,
     vm: u64,
     rt: Rc<Runtime>,
     path: String,
     in_flight: Option<InFlight>,
+    rewritten: Option<Rewritten>,
 }
 
 fn now_ns() -> u64 {
@@ -71,6 +78,7 @@ impl Http {
             rt,
             path: String::new(),
             in_flight: None,
+            rewritten: None,
         }
     }
 
@@ -333,6 +341,19 @@ impl Http {
     }
 }
 
+/// `chunk` with `"model":"<sent>"` (with or without a space) turned back into the client's
+/// model name, as the reference's `rewriteModelName`; `None` when nothing matched.
+fn restore_model(chunk: &[u8], sent: &str, client: &str) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(chunk).ok()?;
+    let mut out = text.to_string();
+    for sep in [":", ": "] {
+        let from = format!("\"model\"{sep}\"{sent}\"");
+        let to = format!("\"model\"{sep}\"{client}\"");
+        out = out.replace(&from, &to);
+    }
+    (out != text).then(|| out.into_bytes())
+}
+
 /// `body` with its `model` field set to `target`.
 fn rewrite_body(body: &[u8], target: &str) -> Option<Vec<u8>> {
     let mut doc: serde_json::Value = serde_json::from_slice(body).ok()?;
@@ -407,6 +428,10 @@ impl HttpContext for Http {
                         );
                     }
                     size = new_body.len();
+                    self.rewritten = Some(Rewritten {
+                        sent: target.clone(),
+                        client: request.model.clone(),
+                    });
                 }
                 None => {
                     return self.reject(
@@ -430,6 +455,12 @@ impl HttpContext for Http {
             .and_then(|b| String::from_utf8(b).ok())
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| in_flight.endpoint.clone());
+        if self.rewritten.is_some() {
+            // The body changes length when the model name is put back.
+            if let Err(status) = host::remove_header(Map::ResponseHeaders, "content-length") {
+                log::warn!("cannot remove content-length: status {status}");
+            }
+        }
         if let Err(status) = host::set_header(Map::ResponseHeaders, SERVED, &served) {
             log::warn!("cannot set {SERVED}: status {status}");
         }
@@ -443,6 +474,24 @@ impl HttpContext for Http {
             let token = session_affinity::token(&served);
             if let Err(status) = host::set_header(Map::ResponseHeaders, SESSION_HEADER, &token) {
                 log::warn!("cannot set {SESSION_HEADER}: status {status}");
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        let Some(rw) = &self.rewritten else {
+            return Action::Continue;
+        };
+        if body_size == 0 {
+            return Action::Continue;
+        }
+        let Ok(chunk) = host::response_body(body_size) else {
+            return Action::Continue;
+        };
+        if let Some(new) = restore_model(&chunk, &rw.sent, &rw.client) {
+            if let Err(status) = host::set_response_body(body_size, &new) {
+                log::warn!("cannot restore the model name in the response: status {status}");
             }
         }
         Action::Continue

@@ -108,6 +108,13 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
             if !busy && now.saturating_sub(s.last_round_ms) >= interval {
                 s.last_round_ms = now;
                 let endpoints = endpoints(rt);
+                // Endpoints that left the pool (discovery, reconfiguration) leave the snapshots.
+                let before = s.results.len();
+                s.results
+                    .retain(|address, _| endpoints.iter().any(|e| &e.address == address));
+                if s.results.len() != before {
+                    s.dirty = true;
+                }
                 for e in endpoints {
                     let headers = [
                         (":method", "GET"),
