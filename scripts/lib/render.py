@@ -96,20 +96,17 @@ def free_port():
 
 
 def from_yaml(path):
-    """Validates a YAML (or JSON) EndpointPickerConfig with `epp-config` and returns it as JSON."""
-    tool = None
-    for profile in ("release", "debug"):
-        candidate = os.path.join(ROOT, "target", profile, "epp-config")
-        if os.access(candidate, os.X_OK):
-            tool = candidate
-            break
-    if tool is None:
-        build = ["cargo", "build", "--quiet", "--release", "-p", "filter", "--features", "cli",
-                 "--bin", "epp-config"]
-        r = subprocess.run(build, cwd=ROOT)
-        if r.returncode != 0:
-            sys.exit("render.py: cannot build the epp-config tool")
-        tool = os.path.join(ROOT, "target", "release", "epp-config")
+    """Validates a YAML (or JSON) EndpointPickerConfig with `epp-config` and returns it as JSON.
+
+    The tool is (re)built first, a no-op when it is up to date, so it always validates with
+    the same code as the filter being rendered.
+    """
+    build = ["cargo", "build", "--quiet", "--release", "-p", "filter", "--features", "cli",
+             "--bin", "epp-config"]
+    r = subprocess.run(build, cwd=ROOT)
+    if r.returncode != 0:
+        sys.exit("render.py: cannot build the epp-config tool (" + " ".join(build) + ")")
+    tool = os.path.join(ROOT, "target", "release", "epp-config")
     r = subprocess.run([tool, path], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"render.py: {r.stderr.strip()}")

@@ -435,3 +435,30 @@ fn model_rewrites_send_the_target_model_and_answer_with_the_clients_name() {
     let r = http::post_json(&envoy.listen, "/v1/completions", &other).unwrap();
     assert_eq!(r.status, 404, "{}", r.text());
 }
+
+#[test]
+fn with_fail_open_a_request_no_endpoint_passes_goes_to_a_healthy_one() {
+    let sims = sims(2);
+    let filtered_out = json!({"plugins": [
+        {"type": "label-selector-filter", "parameters": {"matchLabels": {"zone": "nowhere"}}},
+        {"type": "queue-scorer"}]});
+    // Fail closed (the default): 503 with a JSON error naming the profile.
+    let envoy = Envoy::start(&filtered_out, &addrs(&sims), 1);
+    let r = http::post_json(&envoy.listen, "/v1/completions", &completion("closed")).unwrap();
+    assert_eq!(r.status, 503);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("default"),
+        "{}",
+        r.text()
+    );
+    drop(envoy);
+    // Fail open: served anyway.
+    let mut open = filtered_out.clone();
+    open["pool"] = json!({"failOpen": true});
+    let envoy = Envoy::start(&open, &addrs(&sims), 1);
+    let r = http::post_json(&envoy.listen, "/v1/completions", &completion("open")).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
