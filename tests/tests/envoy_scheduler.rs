@@ -462,3 +462,40 @@ fn with_fail_open_a_request_no_endpoint_passes_goes_to_a_healthy_one() {
     let r = http::post_json(&envoy.listen, "/v1/completions", &completion("open")).unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+#[test]
+fn a_session_token_keeps_a_conversation_on_its_endpoint() {
+    let sims = sims(3);
+    let envoy = Envoy::start(
+        &json!({"plugins": [{"type": "session-affinity-scorer"}, {"type": "max-score-picker"}]}),
+        &addrs(&sims),
+        2,
+    );
+    let r = http::post_json(&envoy.listen, "/v1/completions", &completion("turn 0")).unwrap();
+    assert_eq!(r.status, 200);
+    let token = r
+        .header("x-session-token")
+        .expect("x-session-token")
+        .to_string();
+    let first = r.header("x-sim-server").unwrap().to_string();
+    for i in 1..10 {
+        let r = http::request(
+            &envoy.listen,
+            "POST",
+            "/v1/completions",
+            &[
+                ("content-type", "application/json"),
+                ("x-session-token", &token),
+            ],
+            completion(&format!("turn {i}")).as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(r.header("x-sim-server"), Some(first.as_str()), "turn {i}");
+    }
+    // Without the token, ties are broken at random: more than one endpoint serves.
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..20 {
+        seen.insert(served_by(&envoy, &format!("anonymous {i}")));
+    }
+    assert!(seen.len() >= 2, "{seen:?}");
+}
