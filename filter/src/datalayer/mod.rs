@@ -98,8 +98,9 @@ pub fn candidates(
     subset: Option<&[String]>,
 ) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::with_capacity(static_endpoints.len() + discovered.len());
+    let mut seen: hashbrown::HashSet<&str> = hashbrown::HashSet::with_capacity(out.capacity());
     for e in static_endpoints.iter().chain(discovered) {
-        if !subset_allows(subset, &e.address) || out.iter().any(|c| c.address == e.address) {
+        if !subset_allows(subset, &e.address) || !seen.insert(e.address.as_str()) {
             continue;
         }
         let snap = snapshots.get(&e.address);

@@ -91,6 +91,16 @@ pub struct Cursor {
     pub started: bool,
 }
 
+impl Cursor {
+    /// Notes that this VM published entry `seq` (and applied it itself): when it is the
+    /// next one to read, it is skipped without a shared-data read.
+    pub fn published(&mut self, seq: u64) {
+        if self.started && self.next == seq {
+            self.next = seq + 1;
+        }
+    }
+}
+
 /// Applies the entries this VM has not seen to `index`. Returns how many were applied.
 pub fn sync(
     store: &impl SharedStore,
@@ -153,8 +163,13 @@ mod tests {
         // Worker 2's next pick syncs first and sees it.
         assert_eq!(sync(&store, 2, &mut ix2, &mut c2).unwrap(), 1);
         assert!(ix2.holds("a", 10) && ix2.holds("a", 11));
-        // Worker 1 does not apply its own entry twice, and nothing is re-applied.
+        // Worker 1 does not apply its own entry twice (nor read it, once noted), and
+        // nothing is re-applied.
         assert_eq!(sync(&store, 1, &mut ix1, &mut c1).unwrap(), 0);
+        let own = publish(&store, 1, "a", &[12], 100).unwrap();
+        c1.published(own);
+        assert_eq!(c1.next, own + 1);
+        assert_eq!(sync(&store, 2, &mut ix2, &mut c2).unwrap(), 1);
         assert_eq!(sync(&store, 2, &mut ix2, &mut c2).unwrap(), 0);
     }
 

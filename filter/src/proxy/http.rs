@@ -13,7 +13,7 @@
 
 use super::state::{self, Runtime};
 use super::{host, host::Map, stats, store::HostStore};
-use crate::datalayer::{candidates, parse_subset};
+use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::inflight;
 use crate::metrics;
@@ -21,7 +21,7 @@ use crate::openai::{parse_request, Api, InferenceRequest};
 use crate::prefix::shared;
 use crate::rng::Rng;
 use crate::scheduler::scorers::session_affinity::{self, SESSION_HEADER};
-use crate::scheduler::{Candidate, Probe, Request};
+use crate::scheduler::{Probe, Request};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
@@ -43,6 +43,20 @@ pub const PREFILLER: &str = "x-prefiller-host-port";
 const REWRITE_HEADERS: [&str; 2] = ["x-gateway-model-name-rewrite", "x-llm-d-model-name-rewrite"];
 /// Headers a client must not set: the gateway owns them.
 const SYSTEM_OWNED: [&str; 4] = [DESTINATION, PRIMARY, SERVED, PREFILLER];
+
+/// What scheduling produced, with the candidates' addresses resolved.
+enum Picked {
+    Chosen {
+        targets: Vec<String>,
+        prefill: Option<String>,
+        disaggregated: bool,
+        hit: Option<crate::prefix::index::PrefixMatch>,
+    },
+    None {
+        why: String,
+        pool: Vec<String>,
+    },
+}
 
 /// A request scheduled to an endpoint and not yet finished.
 struct InFlight {
@@ -118,24 +132,19 @@ impl Http {
         body_bytes: usize,
     ) -> Action {
         let rt = self.rt.clone();
-        let now = host::now_ms().unwrap_or(0);
         let start_ns = now_ns();
+        let now = i64::try_from(start_ns / 1_000_000).unwrap_or(0);
         let subset = host::header(Map::RequestHeaders, SUBSET)
             .ok()
             .flatten()
             .map(|v| parse_subset(&v));
-        let session = host::header(Map::RequestHeaders, SESSION_HEADER)
-            .ok()
-            .flatten();
-        let discovery = rt.config.pool.discovery.is_some();
-        let mut cands: Vec<Candidate> = state::with_view(discovery, |v| {
-            candidates(
-                &rt.config.pool.endpoints,
-                &v.discovered,
-                &v.snapshots,
-                subset.as_deref(),
-            )
-        });
+        let session = if rt.sessions {
+            host::header(Map::RequestHeaders, SESSION_HEADER)
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
         let sreq = Request {
             model: target,
             prompt: request.map_or("", |r| r.prompt.as_str()),
@@ -150,48 +159,69 @@ impl Http {
         let vm = self.vm;
         let clock: &dyn Fn() -> u64 = &now_ns;
         let scheduler = &rt.scheduler;
-        let outcome = state::with_prefix(vm, |index| {
-            let result = inflight::acquire_with(&HostStore, vm, now, |ledger| {
-                let totals = ledger.totals();
-                for c in cands.iter_mut() {
-                    let (n, t) = totals.get(c.address.as_str()).copied().unwrap_or_default();
-                    c.in_flight = n;
-                    c.in_flight_tokens = t;
-                }
-                let mut rng = Rng::new(seed);
-                let mut probe = Probe::new(Some(clock));
-                let decision = scheduler.schedule(&sreq, &cands, index, &mut rng, &mut probe);
-                let pick = decision
-                    .as_ref()
-                    .ok()
-                    .and_then(|d| d.primary())
-                    .and_then(|i| cands.get(i))
-                    .map(|c| (c.address.clone(), tokens));
-                (pick, (decision, probe.samples))
-            });
-            if let Ok((Ok(d), _)) = &result {
-                // The prefix index learns the pick: here at once, elsewhere via the log.
-                for i in [d.primary(), d.prefill].into_iter().flatten() {
-                    if let Some(c) = cands.get(i) {
-                        let cap = scheduler.lru_capacity(c);
-                        index.insert(
-                            &c.address,
-                            &d.hashes,
-                            usize::try_from(cap).unwrap_or(usize::MAX),
-                        );
-                        if !d.hashes.is_empty() {
-                            if let Err(e) =
-                                shared::publish(&HostStore, vm, &c.address, &d.hashes, cap)
-                            {
-                                log::debug!("prefix log publish failed: {e:?}");
+        // Everything that needs the candidates happens inside: the list is this VM's cache.
+        let outcome = state::with_candidates(&rt, subset.as_deref(), |cands| {
+            state::with_prefix(vm, |index, cursor| {
+                let result = inflight::acquire_with(&HostStore, vm, now, |ledger| {
+                    let totals = ledger.totals();
+                    for c in cands.iter_mut() {
+                        let (n, t) = totals.get(c.address.as_str()).copied().unwrap_or_default();
+                        c.in_flight = n;
+                        c.in_flight_tokens = t;
+                    }
+                    let mut rng = Rng::new(seed);
+                    let mut probe = Probe::new(Some(clock));
+                    let decision = scheduler.schedule(&sreq, cands, index, &mut rng, &mut probe);
+                    let pick = decision
+                        .as_ref()
+                        .ok()
+                        .and_then(|d| d.primary())
+                        .and_then(|i| cands.get(i))
+                        .map(|c| (c.address.clone(), tokens));
+                    (pick, (decision, probe.samples))
+                });
+                let (decision, samples) = match result {
+                    Ok(r) => r,
+                    Err(e) => return Err(e),
+                };
+                let picked = match decision {
+                    Ok(d) => {
+                        // The prefix index learns the pick: here at once, elsewhere via the log.
+                        for i in [d.primary(), d.prefill].into_iter().flatten() {
+                            if let Some(c) = cands.get(i) {
+                                let cap = scheduler.lru_capacity(c);
+                                let cap_usize = usize::try_from(cap).unwrap_or(usize::MAX);
+                                index.insert(&c.address, &d.hashes, cap_usize);
+                                if !d.hashes.is_empty() {
+                                    match shared::publish(
+                                        &HostStore, vm, &c.address, &d.hashes, cap,
+                                    ) {
+                                        Ok(seq) => cursor.published(seq),
+                                        Err(e) => log::debug!("prefix log publish failed: {e:?}"),
+                                    }
+                                }
                             }
                         }
+                        scheduler.pre_request(&sreq, cands, &d);
+                        let addr = |i: usize| cands.get(i).map(|c| c.address.clone());
+                        Picked::Chosen {
+                            targets: d.targets.iter().filter_map(|&i| addr(i)).collect(),
+                            prefill: d.prefill.and_then(addr),
+                            disaggregated: d.disaggregated,
+                            hit: d.primary().and_then(|i| d.prefix.get(i).copied()),
+                        }
                     }
-                }
-            }
-            result
+                    Err(e) => Picked::None {
+                        why: e.to_string(),
+                        pool: cands.iter().map(|c| c.address.clone()).collect(),
+                    },
+                };
+                Ok((picked, samples))
+            })
         });
-        let (decision, samples) = match outcome {
+        // The scheduling is done: what follows is routing and metrics.
+        let e2e_us = now_ns().saturating_sub(start_ns) / 1_000;
+        let (picked, samples) = match outcome {
             Ok(r) => r,
             Err(e) => {
                 log::error!("in-flight ledger unavailable: {e:?}");
@@ -205,23 +235,25 @@ impl Http {
                 s.ns / 1_000,
             );
         }
-        let decision = match decision {
-            Ok(d) => d,
-            Err(e) => {
+        let (targets, prefill, disaggregated, hit) = match picked {
+            Picked::Chosen {
+                targets,
+                prefill,
+                disaggregated,
+                hit,
+            } => (targets, prefill, disaggregated, hit),
+            Picked::None { why, pool } => {
                 if rt.config.pool.fail_open {
-                    if let Some(action) = self.fail_open(&cands, model, tokens, now) {
+                    if let Some(action) = self.fail_open(pool, model, tokens, now) {
                         return action;
                     }
                 }
-                return self.fail_schedule(model, &e.to_string());
+                return self.fail_schedule(model, &why);
             }
         };
-        let addr = |i: usize| cands.get(i).map(|c| c.address.clone());
-        let targets: Vec<String> = decision.targets.iter().filter_map(|&i| addr(i)).collect();
         let Some(primary) = targets.first().cloned() else {
             return self.fail_schedule(model, "no model server endpoint is available");
         };
-        scheduler.pre_request(&sreq, &cands, &decision);
         let routed = host::set_header(Map::RequestHeaders, DESTINATION, &targets.join(","))
             .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &primary));
         if let Err(status) = routed {
@@ -231,57 +263,44 @@ impl Http {
             }
             return self.fail_schedule(model, "the gateway could not route the request");
         }
-        if let Some(p) = decision.prefill.and_then(addr) {
+        if let Some(p) = prefill {
             if let Err(status) = host::set_header(Map::RequestHeaders, PREFILLER, &p) {
                 log::warn!("cannot set {PREFILLER}: status {status}");
             }
-        } else if decision.disaggregated {
+        } else if disaggregated {
             log::warn!("P/D: prefill was decided but no prefill endpoint is available; decode runs alone on {primary}");
         }
-        if let Some(i) = decision.primary() {
-            if let Some(m) = decision.prefix.get(i) {
-                stats::observe(
-                    &metrics::PREFIX_INDEXER_HIT_RATIO,
-                    &[],
-                    (m.ratio() * 100.0).round() as u64,
-                );
-                let bytes = u64::from(m.matched)
-                    * u64::from(m.block_size_tokens)
-                    * crate::prefix::CHARS_PER_TOKEN;
-                stats::observe(&metrics::PREFIX_INDEXER_HIT_BYTES, &[], bytes);
-            }
+        if let Some(m) = hit {
+            stats::observe(
+                &metrics::PREFIX_INDEXER_HIT_RATIO,
+                &[],
+                (m.ratio() * 100.0).round() as u64,
+            );
+            let bytes = u64::from(m.matched)
+                * u64::from(m.block_size_tokens)
+                * crate::prefix::CHARS_PER_TOKEN;
+            stats::observe(&metrics::PREFIX_INDEXER_HIT_BYTES, &[], bytes);
         }
-        stats::observe(
-            &metrics::SCHEDULER_E2E_DURATION,
-            &[],
-            now_ns().saturating_sub(start_ns) / 1_000,
-        );
+        stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], e2e_us);
         self.admitted(primary, model, tokens);
         Action::Continue
     }
 
-    /// `pool.failOpen`: any healthy endpoint when the scheduler chose none.
+    /// `pool.failOpen`: any healthy endpoint when the scheduler chose none (`pool`: the
+    /// request's candidates; when empty, every healthy endpoint whatever the subset hint).
     fn fail_open(
         &mut self,
-        cands: &[Candidate],
+        pool: Vec<String>,
         model: &str,
         tokens: u64,
         now: i64,
     ) -> Option<Action> {
-        let pool: Vec<String> = if cands.is_empty() {
-            state::with_view(self.rt.config.pool.discovery.is_some(), |v| {
-                candidates(
-                    &self.rt.config.pool.endpoints,
-                    &v.discovered,
-                    &v.snapshots,
-                    None,
-                )
+        let pool: Vec<String> = if pool.is_empty() {
+            state::with_candidates(&self.rt, None, |c| {
+                c.iter().map(|c| c.address.clone()).collect()
             })
-            .into_iter()
-            .map(|c| c.address)
-            .collect()
         } else {
-            cands.iter().map(|c| c.address.clone()).collect()
+            pool
         };
         let mut rng = Rng::new(u64::from(self.id) ^ now.unsigned_abs());
         let pick = pool.get(rng.below(pool.len()))?.clone();
@@ -464,13 +483,7 @@ impl HttpContext for Http {
         if let Err(status) = host::set_header(Map::ResponseHeaders, SERVED, &served) {
             log::warn!("cannot set {SERVED}: status {status}");
         }
-        let sessions = self
-            .rt
-            .config
-            .plugins
-            .iter()
-            .any(|p| p.type_name == "session-affinity-scorer");
-        if sessions {
+        if self.rt.sessions {
             let token = session_affinity::token(&served);
             if let Err(status) = host::set_header(Map::ResponseHeaders, SESSION_HEADER, &token) {
                 log::warn!("cannot set {SESSION_HEADER}: status {status}");

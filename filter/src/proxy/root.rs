@@ -71,10 +71,15 @@ impl Root {
         let config = Config::parse(text).map_err(|e| e.to_string())?;
         let scheduler = registry::build(&config).map_err(|e| e.to_string())?;
         let settings = registry::data_layer(&config).map_err(|e| e.to_string())?;
+        let sessions = config
+            .plugins
+            .iter()
+            .any(|p| p.type_name == "session-affinity-scorer");
         Ok(Runtime {
             config,
             scheduler,
             settings,
+            sessions,
         })
     }
 }

@@ -325,6 +325,6 @@ fn gauges(rt: &Runtime, s: &mut Scraper, vm: u64, now: i64) {
     }
     s.gauge_pods = pods;
     // This VM may not pick at all (the main thread's): catch its index up first.
-    let size = u64::try_from(state::with_prefix(vm, |ix| ix.size())).unwrap_or(u64::MAX);
+    let size = u64::try_from(state::with_prefix(vm, |ix, _| ix.size())).unwrap_or(u64::MAX);
     stats::set(&metrics::PREFIX_INDEXER_SIZE, &[], size);
 }

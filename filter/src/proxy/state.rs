@@ -8,10 +8,10 @@ use crate::datalayer::discovery::{Discovered, DISCOVERED_KEY};
 use crate::datalayer::snapshot::{
     EndpointSnapshot, Snapshots, Version, SNAPSHOTS_KEY, VERSION_KEY,
 };
-use crate::datalayer::Settings;
+use crate::datalayer::{candidates, Settings};
 use crate::prefix::index::PrefixIndex;
 use crate::prefix::shared::{self, Cursor};
-use crate::scheduler::Scheduler;
+use crate::scheduler::{Candidate, Scheduler};
 use crate::shared_store::read;
 use hashbrown::HashMap;
 use std::cell::RefCell;
@@ -25,6 +25,8 @@ pub struct Runtime {
     pub scheduler: Scheduler,
     /// Data-layer settings.
     pub settings: Settings,
+    /// Whether a session-affinity scorer is configured (read `x-session-token`, write it back).
+    pub sessions: bool,
 }
 
 /// Cached snapshots and discovered endpoints.
@@ -35,6 +37,8 @@ pub struct View {
     pub snapshots: HashMap<String, EndpointSnapshot>,
     /// Endpoints discovered from Envoy's cluster membership.
     pub discovered: Vec<Endpoint>,
+    /// The candidate list built from the above (no subset hint), until they change.
+    cached: Option<Vec<Candidate>>,
 }
 
 thread_local! {
@@ -42,15 +46,50 @@ thread_local! {
     static VIEW: RefCell<View> = RefCell::new(View::default());
 }
 
-/// Runs `f` with this VM's prefix index after applying what other workers logged.
-pub fn with_prefix<R>(vm: u64, f: impl FnOnce(&mut PrefixIndex) -> R) -> R {
+/// Runs `f` with this VM's prefix index (and its log cursor) after applying what other
+/// workers logged.
+pub fn with_prefix<R>(vm: u64, f: impl FnOnce(&mut PrefixIndex, &mut Cursor) -> R) -> R {
     PREFIX.with(|p| {
         let mut guard = p.borrow_mut();
         let (index, cursor) = &mut *guard;
         if let Err(e) = shared::sync(&HostStore, vm, index, cursor) {
             log::debug!("prefix log sync failed: {e:?}");
         }
-        f(index)
+        f(index, cursor)
+    })
+}
+
+/// Runs `f` with the current candidates: static and discovered endpoints, minus failing
+/// ones, within the subset hint, with their latest metrics. Without a hint the list is
+/// built once per snapshot publication and reused (only in-flight counts change per pick).
+/// `f` must not call back into this module's view.
+pub fn with_candidates<R>(
+    rt: &Runtime,
+    subset: Option<&[String]>,
+    f: impl FnOnce(&mut Vec<Candidate>) -> R,
+) -> R {
+    VIEW.with(|v| {
+        let mut view = v.borrow_mut();
+        refresh(&mut view, rt.config.pool.discovery.is_some());
+        let view = &mut *view;
+        if subset.is_some() {
+            let mut list = candidates(
+                &rt.config.pool.endpoints,
+                &view.discovered,
+                &view.snapshots,
+                subset,
+            );
+            return f(&mut list);
+        }
+        let list = view.cached.get_or_insert_with(|| {
+            candidates(
+                &rt.config.pool.endpoints,
+                &view.discovered,
+                &view.snapshots,
+                None,
+            )
+        });
+        f(list)
     })
 }
 
@@ -73,6 +112,7 @@ fn refresh(view: &mut View, discovery: bool) {
                     .map(|e| (e.address.clone(), e))
                     .collect();
                 view.version = Some(v.version);
+                view.cached = None;
             }
         }
         Ok(_) => {}
@@ -86,6 +126,7 @@ fn refresh(view: &mut View, discovery: bool) {
                     .zip(&view.discovered)
                     .any(|(a, e)| *a != e.address)
             {
+                view.cached = None;
                 view.discovered = d
                     .addresses
                     .into_iter()

@@ -160,9 +160,12 @@ pub struct PluginSample {
     pub ns: u64,
 }
 
-/// Measures plugins when a clock is given.
+/// Measures plugins when a clock is given. Consecutive measurements share their boundary
+/// (the end of one plugin is the start of the next), so `n` plugins cost `n + 1` clock
+/// reads; the little work between two plugins counts towards the second.
 pub struct Probe<'a> {
     clock: Option<&'a dyn Fn() -> u64>,
+    last: Option<u64>,
     /// The samples taken.
     pub samples: Vec<PluginSample>,
 }
@@ -172,26 +175,36 @@ impl<'a> Probe<'a> {
     pub fn new(clock: Option<&'a dyn Fn() -> u64>) -> Self {
         Self {
             clock,
+            last: None,
             samples: Vec::new(),
         }
     }
 
-    /// Now (0 without a clock).
-    pub fn now(&self) -> u64 {
-        self.clock.map_or(0, |c| c())
+    /// The start of a measurement: the end of the previous one, or now (0 without a clock).
+    pub fn now(&mut self) -> u64 {
+        match self.last.take() {
+            Some(t) => t,
+            None => self.clock.map_or(0, |c| c()),
+        }
     }
 
     /// Records the time since `start`.
     pub fn record(&mut self, point: &'static str, plugin_type: &str, name: &str, start: u64) {
-        if self.clock.is_some() {
-            let ns = self.now().saturating_sub(start);
+        if let Some(clock) = self.clock {
+            let end = clock();
+            self.last = Some(end);
             self.samples.push(PluginSample {
                 extension_point: point,
                 plugin_type: plugin_type.to_string(),
                 plugin_name: name.to_string(),
-                ns,
+                ns: end.saturating_sub(start),
             });
         }
+    }
+
+    /// Forgets the last boundary (call when unmeasured work follows).
+    pub fn pause(&mut self) {
+        self.last = None;
     }
 }
 
@@ -339,7 +352,9 @@ impl Scheduler {
             candidates,
             prefix: &prefix,
         };
-        let outcome = self.handler.run(self, &cx, rng, probe)?;
+        let outcome = self.handler.run(self, &cx, rng, probe);
+        probe.pause();
+        let outcome = outcome?;
         Ok(Decision {
             profile: outcome.primary.profile,
             targets: outcome.primary.targets,
