@@ -6,9 +6,11 @@ endpoints stay candidates) in front of N endpoints that do not exist (each reque
 fast 503 from Envoy after the pick), warms the prefix index with conversations sharing
 system prompts, then sends requests and reads the filter's own
 `inference_extension_scheduler_e2e_duration_seconds` histogram (microseconds; sum/count
-before and after the measured batch). That histogram covers the whole pick: snapshot
-version read, prefix-log sync, the in-flight ledger CAS with the scheduler inside it, and
-the prefix-log publication.
+before and after the measured batch). That histogram covers the whole decision: header
+reads, the snapshot version read, the prefix-log sync, and the in-flight ledger CAS with the
+scheduler (hashing, matching, filters, scorers, picker) inside it. The PreRequest
+bookkeeping after it (prefix index insert and log publication, a further ~5-10 µs) is not
+included, as in the reference.
 
   filter/benches/in_envoy.py [--sizes 8,64,512] [--requests 400] [--wasm PATH] [--envoy PATH]
 

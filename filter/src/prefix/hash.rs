@@ -4,7 +4,7 @@
 //! each block (the final partial one too) is `h_i = xxh64(block_i ‖ LE_u64(h_{i-1}))`, so a
 //! hash names the whole prefix up to its block, scoped to the model.
 
-use xxhash_rust::xxh64::{xxh64, Xxh64};
+use xxhash_rust::xxh64::xxh64;
 
 /// The chained block hashes of `prompt` for `model`.
 pub fn hash_prompt(
@@ -26,11 +26,13 @@ pub fn hash_prompt(
     let limit = prompt.len().min(block_chars.saturating_mul(max_blocks));
     let prompt = prompt.get(..limit).unwrap_or(prompt);
     let mut out = Vec::with_capacity(limit.div_ceil(block_chars));
+    // One-shot hashing of `block ‖ LE(prev)` in a reused buffer (cheaper than streaming).
+    let mut buf: Vec<u8> = Vec::with_capacity(block_chars + 8);
     for block in prompt.chunks(block_chars) {
-        let mut h = Xxh64::new(0);
-        h.update(block);
-        h.update(&prev.to_le_bytes());
-        prev = h.digest();
+        buf.clear();
+        buf.extend_from_slice(block);
+        buf.extend_from_slice(&prev.to_le_bytes());
+        prev = xxh64(&buf, 0);
         out.push(prev);
     }
     out

@@ -34,6 +34,8 @@ impl PrefixMatch {
 #[derive(Debug, Default)]
 struct Lru {
     capacity: usize,
+    /// Insertions so far (the stamp of the next one).
+    clock: u64,
     /// hash → stamp of its latest insertion.
     stamps: HashMap<u64, u64>,
     /// Insertion order (oldest first), with stale duplicates skipped lazily.
@@ -46,7 +48,6 @@ pub struct PrefixIndex {
     ids: HashMap<String, u32>,
     lrus: Vec<Lru>,
     holders: HashMap<u64, Vec<u32>>,
-    stamp: u64,
 }
 
 impl PrefixIndex {
@@ -74,15 +75,25 @@ impl PrefixIndex {
         let Some(lru) = self.lrus.get_mut(id as usize) else {
             return;
         };
+        // A block inserted within the last quarter of the capacity is not refreshed: it is
+        // far from eviction, and skipping keeps re-sent prompts cheap. (Eviction order can
+        // differ from exact LRU by at most capacity/4 positions.)
+        let fresh_window = (lru.capacity / 4) as u64;
         for &h in hashes {
-            self.stamp += 1;
-            if lru.stamps.insert(h, self.stamp).is_none() {
+            if let Some(&s) = lru.stamps.get(&h) {
+                if lru.clock - s < fresh_window {
+                    continue;
+                }
+            }
+            lru.clock += 1;
+            let stamp = lru.clock;
+            if lru.stamps.insert(h, stamp).is_none() {
                 let holders = self.holders.entry(h).or_default();
                 if !holders.contains(&id) {
                     holders.push(id);
                 }
             }
-            lru.order.push_back((h, self.stamp));
+            lru.order.push_back((h, stamp));
             while lru.stamps.len() > lru.capacity {
                 let Some((old, stamp)) = lru.order.pop_front() else {
                     break;
@@ -172,6 +183,17 @@ mod tests {
         // The walk stops at the first block nobody holds.
         let m = ix.matches(&[9, 1, 2], ["a"].into_iter(), 16);
         assert_eq!(m[0].matched, 0);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn recent_blocks_are_not_refreshed_but_old_ones_are() {
+        let mut ix = PrefixIndex::new();
+        // Capacity 8: blocks inserted within the last 2 insertions are not refreshed.
+        ix.insert("a", &[1, 2, 3, 4, 5, 6, 7, 8], 8);
+        ix.insert("a", &[8], 8); // recent: no refresh
+        ix.insert("a", &[1], 8); // oldest: refreshed, so 2 is now the oldest
+        ix.insert("a", &[9], 8);
+        assert!(ix.holds("a", 1) && !ix.holds("a", 2) && ix.holds("a", 8));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

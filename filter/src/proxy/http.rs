@@ -180,6 +180,9 @@ impl Http {
                         .map(|c| (c.address.clone(), tokens));
                     (pick, (decision, probe.samples))
                 });
+                // The decision is made (and counted): the e2e scheduling time ends here, as the
+                // reference's; what follows is its PreRequest bookkeeping.
+                let e2e_us = now_ns().saturating_sub(start_ns) / 1_000;
                 let (decision, samples) = match result {
                     Ok(r) => r,
                     Err(e) => return Err(e),
@@ -216,12 +219,10 @@ impl Http {
                         pool: cands.iter().map(|c| c.address.clone()).collect(),
                     },
                 };
-                Ok((picked, samples))
+                Ok((picked, samples, e2e_us))
             })
         });
-        // The scheduling is done: what follows is routing and metrics.
-        let e2e_us = now_ns().saturating_sub(start_ns) / 1_000;
-        let (picked, samples) = match outcome {
+        let (picked, samples, e2e_us) = match outcome {
             Ok(r) => r,
             Err(e) => {
                 log::error!("in-flight ledger unavailable: {e:?}");
