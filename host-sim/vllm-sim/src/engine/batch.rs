@@ -327,8 +327,12 @@ impl Engine {
                 break;
             };
             self.kv.pin(&seq.hashes[..hit_blocks]);
-            let allocated = self.kv.allocate(need);
-            debug_assert!(allocated, "checked above");
+            if !self.kv.allocate(need) {
+                // Not expected (checked above); put it back rather than run without blocks.
+                self.kv.unpin(&seq.hashes[..hit_blocks]);
+                self.waiting.insert(w, seq);
+                break;
+            }
             seq.shared = hit_blocks;
             seq.private = need;
             seq.computed = hit_blocks * block_size;

@@ -3,7 +3,7 @@
 //!
 //! The engine holds no clock and no runtime: every call takes `now` (a
 //! [`Duration`] since the engine's epoch). The HTTP server drives it in real
-//! time; [`crate::sim::VirtualRunner`] (or any discrete-event simulator) drives
+//! time; [`crate::sim::run`] (or any discrete-event simulator) drives
 //! it in virtual time. The protocol is:
 //!
 //! 1. [`Engine::submit`] a request at its arrival time;
