@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod errors;
+pub mod flow_control;
 pub mod inflight;
 pub mod metrics;
 pub mod openai;
