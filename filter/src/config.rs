@@ -19,6 +19,10 @@
 //! Validation is strict: an unknown field, a wrong type or a bad value is refused
 //! at load time with the field's path and the reason, and the filter never half-loads.
 
+use crate::flow_control::config::{FlowControlConfig, PluginRef};
+use crate::flow_control::fairness::FairnessPolicy;
+use crate::flow_control::ordering::OrderingPolicy;
+use crate::flow_control::saturation::Detector;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -81,15 +85,43 @@ pub struct Pool {
     pub name: String,
     /// Static endpoints, in configuration order.
     pub endpoints: Vec<Endpoint>,
+    /// InferenceObjectives of this pool.
+    pub objectives: Vec<Objective>,
     /// Largest request body accepted; larger bodies get 413.
     pub max_request_body_bytes: usize,
 }
 
-/// The whole, validated configuration.
+/// An InferenceObjective: a name clients put in `x-gateway-inference-objective`, and its priority.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Objective {
+    /// The objective's name.
+    pub name: String,
+    /// Its priority: higher is served first; negative is sheddable.
+    pub priority: i32,
+}
+
+/// Feature gates the reference registers.
+pub const FEATURE_GATES: [&str; 3] = ["dataLayer", "enableLegacyMetrics", "flowControl"];
+
+/// Flow control and admission settings.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FlowSettings {
+    /// The `flowControl` feature gate: queue in the gateway. Off: legacy admission
+    /// (sheddable requests get 429 while the pool is saturated).
+    pub enabled: bool,
+    /// The `flowControl` section (read only when enabled).
+    pub control: FlowControlConfig,
+    /// The saturation detector (`saturationDetector.pluginRef`; default `utilization-detector`).
+    pub detector: Detector,
+}
+
+/// The whole, validated configuration.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// The model-server pool.
     pub pool: Pool,
+    /// Flow control and admission.
+    pub flow: FlowSettings,
 }
 
 impl Default for Config {
@@ -98,9 +130,20 @@ impl Default for Config {
             pool: Pool {
                 name: DEFAULT_POOL_NAME.to_string(),
                 endpoints: Vec::new(),
+                objectives: Vec::new(),
                 max_request_body_bytes: DEFAULT_MAX_REQUEST_BODY_BYTES,
             },
+            flow: FlowSettings::default(),
         }
+    }
+}
+
+impl Pool {
+    /// The priority of an objective name; 0 when absent or unknown, as in the reference.
+    pub fn priority_of(&self, objective: Option<&str>) -> i32 {
+        objective
+            .and_then(|name| self.objectives.iter().find(|o| o.name == name))
+            .map_or(0, |o| o.priority)
     }
 }
 
@@ -113,7 +156,19 @@ impl Config {
         let doc: Value =
             serde_json::from_str(text).map_err(|e| err("", format!("not valid JSON: {e}")))?;
         let top = as_object(&doc, "")?;
-        only_fields(top, "", &["apiVersion", "kind", "pool"])?;
+        only_fields(
+            top,
+            "",
+            &[
+                "apiVersion",
+                "kind",
+                "featureGates",
+                "plugins",
+                "saturationDetector",
+                "flowControl",
+                "pool",
+            ],
+        )?;
         if let Some(v) = top.get("apiVersion") {
             let s = as_str(v, "apiVersion")?;
             if s != API_VERSION {
@@ -133,13 +188,149 @@ impl Config {
         if let Some(pool) = top.get("pool") {
             config.pool = parse_pool(pool)?;
         }
+        config.flow = parse_flow(top)?;
         Ok(config)
     }
 }
 
+/// A declared plugin.
+struct Plugin<'a> {
+    name: String,
+    type_name: &'a str,
+    parameters: &'a Value,
+}
+
+const USAGE_LIMIT_POLICY: &str = crate::flow_control::config::STATIC_USAGE_LIMIT_POLICY;
+
+fn parse_plugins(top: &Map<String, Value>) -> Result<Vec<Plugin<'_>>, ConfigError> {
+    let mut plugins: Vec<Plugin<'_>> = Vec::new();
+    let Some(list) = top.get("plugins") else {
+        return Ok(plugins);
+    };
+    let list = list
+        .as_array()
+        .ok_or_else(|| err("plugins", "must be a list"))?;
+    for (i, item) in list.iter().enumerate() {
+        let path = format!("plugins[{i}]");
+        let obj = as_object(item, &path)?;
+        only_fields(obj, &path, &["type", "name", "parameters"])?;
+        let type_name = as_str(
+            obj.get("type")
+                .ok_or_else(|| err(&path, "missing field `type`"))?,
+            &format!("{path}.type"),
+        )?;
+        let known = FairnessPolicy::from_type(type_name).is_some()
+            || OrderingPolicy::from_type(type_name).is_some()
+            || Detector::TYPES.contains(&type_name)
+            || type_name == USAGE_LIMIT_POLICY;
+        if !known {
+            let mut types: Vec<&str> = FairnessPolicy::TYPES.to_vec();
+            types.extend(OrderingPolicy::TYPES);
+            types.extend(Detector::TYPES);
+            types.push(USAGE_LIMIT_POLICY);
+            return Err(err(
+                &format!("{path}.type"),
+                format!(
+                    "unknown plugin type \"{type_name}\"; known types: {}",
+                    types.join(", ")
+                ),
+            ));
+        }
+        let name = match obj.get("name") {
+            Some(n) => as_str(n, &format!("{path}.name"))?.to_string(),
+            None => type_name.to_string(),
+        };
+        if plugins.iter().any(|p| p.name == name) {
+            return Err(err(
+                &format!("{path}.name"),
+                format!("duplicate plugin name \"{name}\""),
+            ));
+        }
+        let parameters = obj.get("parameters").unwrap_or(&Value::Null);
+        // Validates a detector's parameters now, so errors name the plugin.
+        Detector::from_plugin(type_name, parameters, &format!("{path}.parameters"))?;
+        plugins.push(Plugin {
+            name,
+            type_name,
+            parameters,
+        });
+    }
+    Ok(plugins)
+}
+
+fn parse_flow(top: &Map<String, Value>) -> Result<FlowSettings, ConfigError> {
+    let plugins = parse_plugins(top)?;
+    let mut flow = FlowSettings::default();
+    if let Some(gates) = top.get("featureGates") {
+        let gates = gates
+            .as_array()
+            .ok_or_else(|| err("featureGates", "must be a list"))?;
+        for (i, g) in gates.iter().enumerate() {
+            let path = format!("featureGates[{i}]");
+            let g = as_str(g, &path)?;
+            if !FEATURE_GATES.contains(&g) {
+                return Err(err(
+                    &path,
+                    format!(
+                        "unknown feature gate \"{g}\"; known gates: {}",
+                        FEATURE_GATES.join(", ")
+                    ),
+                ));
+            }
+            flow.enabled |= g == "flowControl";
+        }
+    }
+    if let Some(sd) = top.get("saturationDetector") {
+        let obj = as_object(sd, "saturationDetector")?;
+        only_fields(obj, "saturationDetector", &["pluginRef"])?;
+        if let Some(r) = obj.get("pluginRef") {
+            let name = as_str(r, "saturationDetector.pluginRef")?;
+            let plugin = plugins.iter().find(|p| p.name == name);
+            flow.detector = match plugin {
+                Some(p) => Detector::from_plugin(p.type_name, p.parameters, "saturationDetector")?
+                    .ok_or_else(|| {
+                        err(
+                            "saturationDetector.pluginRef",
+                            format!(
+                                "plugin \"{name}\" is a {}, not a saturation detector",
+                                p.type_name
+                            ),
+                        )
+                    })?,
+                None if Detector::TYPES.contains(&name) => {
+                    Detector::from_plugin(name, &Value::Null, "saturationDetector")?
+                        .unwrap_or_default()
+                }
+                None => {
+                    return Err(err(
+                        "saturationDetector.pluginRef",
+                        format!("no plugin named \"{name}\" is declared"),
+                    ))
+                }
+            };
+        }
+    }
+    // The section is read only when the gate is on, as in the reference.
+    if flow.enabled {
+        if let Some(section) = top.get("flowControl") {
+            flow.control = FlowControlConfig::parse(section, "flowControl", |name| {
+                plugins.iter().find(|p| p.name == name).map(|p| PluginRef {
+                    type_name: p.type_name,
+                    parameters: p.parameters,
+                })
+            })?;
+        }
+    }
+    Ok(flow)
+}
+
 fn parse_pool(v: &Value) -> Result<Pool, ConfigError> {
     let obj = as_object(v, "pool")?;
-    only_fields(obj, "pool", &["name", "endpoints", "maxRequestBodyBytes"])?;
+    only_fields(
+        obj,
+        "pool",
+        &["name", "endpoints", "objectives", "maxRequestBodyBytes"],
+    )?;
     let mut pool = Config::default().pool;
     if let Some(name) = obj.get("name") {
         let name = as_str(name, "pool.name")?;
@@ -155,6 +346,38 @@ fn parse_pool(v: &Value) -> Result<Pool, ConfigError> {
             .ok_or_else(|| err("pool.maxRequestBodyBytes", "must be a positive integer"))?;
         pool.max_request_body_bytes = usize::try_from(n)
             .map_err(|_| err("pool.maxRequestBodyBytes", "is too large for this platform"))?;
+    }
+    if let Some(list) = obj.get("objectives") {
+        let list = list
+            .as_array()
+            .ok_or_else(|| err("pool.objectives", "must be a list of {name, priority}"))?;
+        for (i, item) in list.iter().enumerate() {
+            let path = format!("pool.objectives[{i}]");
+            let o = as_object(item, &path)?;
+            only_fields(o, &path, &["name", "priority"])?;
+            let name = as_str(
+                o.get("name")
+                    .ok_or_else(|| err(&path, "missing field `name`"))?,
+                &format!("{path}.name"),
+            )?;
+            let priority = match o.get("priority") {
+                None => 0,
+                Some(p) => p
+                    .as_i64()
+                    .and_then(|p| i32::try_from(p).ok())
+                    .ok_or_else(|| err(&format!("{path}.priority"), "must be an integer"))?,
+            };
+            if pool.objectives.iter().any(|x| x.name == name) {
+                return Err(err(
+                    &format!("{path}.name"),
+                    format!("duplicate objective `{name}`"),
+                ));
+            }
+            pool.objectives.push(Objective {
+                name: name.to_string(),
+                priority,
+            });
+        }
     }
     if let Some(list) = obj.get("endpoints") {
         let list = list
@@ -266,6 +489,32 @@ mod tests {
     }
 
     #[wasm_bindgen_test(unsupported = test)]
+    fn flow_control_is_read_only_with_its_feature_gate() {
+        let section = r#""flowControl":{"maxRequests":"1k","defaultRequestTTL":"30s"}"#;
+        let off = Config::parse(&format!("{{{section}}}")).unwrap();
+        assert!(!off.flow.enabled);
+        assert_eq!(off.flow.control.max_requests, 0, "ignored without the gate");
+        let on = Config::parse(&format!(
+            r#"{{"featureGates":["flowControl"],
+                "plugins":[{{"type":"concurrency-detector","name":"cd","parameters":{{"maxConcurrency":15}}}}],
+                "saturationDetector":{{"pluginRef":"cd"}},
+                "pool":{{"objectives":[{{"name":"premium","priority":100}},{{"name":"batch","priority":-10}}]}},
+                {section}}}"#
+        ))
+        .unwrap();
+        assert!(on.flow.enabled);
+        assert_eq!(on.flow.control.max_requests, 1000);
+        assert_eq!(on.flow.control.default_ttl_ms, 30_000);
+        assert!(
+            matches!(on.flow.detector, Detector::Concurrency(ref p) if p.max_concurrency == 15)
+        );
+        assert_eq!(on.pool.priority_of(Some("premium")), 100);
+        assert_eq!(on.pool.priority_of(Some("batch")), -10);
+        assert_eq!(on.pool.priority_of(Some("unknown")), 0);
+        assert_eq!(on.pool.priority_of(None), 0);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
     fn errors_name_the_field_and_the_reason() {
         let cases = [
             (
@@ -300,6 +549,41 @@ mod tests {
                 "string",
             ),
             ("{", "", "not valid JSON"),
+            (
+                r#"{"featureGates":["fastLane"]}"#,
+                "featureGates[0]",
+                "unknown feature gate",
+            ),
+            (
+                r#"{"plugins":[{"type":"magic-scorer"}]}"#,
+                "plugins[0].type",
+                "unknown plugin type",
+            ),
+            (
+                r#"{"plugins":[{"type":"fcfs-ordering-policy"},{"type":"fcfs-ordering-policy"}]}"#,
+                "plugins[1].name",
+                "duplicate",
+            ),
+            (
+                r#"{"plugins":[{"type":"concurrency-detector","parameters":{"maxConcurrency":0}}]}"#,
+                "plugins[0].parameters.maxConcurrency",
+                "positive",
+            ),
+            (
+                r#"{"saturationDetector":{"pluginRef":"nope"}}"#,
+                "saturationDetector.pluginRef",
+                "no plugin named",
+            ),
+            (
+                r#"{"featureGates":["flowControl"],"flowControl":{"maxRequests":"x"}}"#,
+                "flowControl.maxRequests",
+                "not a quantity",
+            ),
+            (
+                r#"{"pool":{"objectives":[{"name":"a","priority":"high"}]}}"#,
+                "pool.objectives[0].priority",
+                "integer",
+            ),
         ];
         for (text, path, reason) in cases {
             let e = Config::parse(text).unwrap_err();

@@ -146,7 +146,7 @@ impl World {
         let now = self.now;
         let parked = &self.vms[v].parked;
         let taken = update(&self.store, STATE_KEY, |s: &mut FlowState| {
-            s.take_grants(vm_id, now, &|p, id, skip| {
+            s.take_grants(vm_id, now, 64, &|p, id, skip| {
                 parked.heads(p, id, skip, HEADS_PER_QUEUE)
             })
         })

@@ -423,26 +423,35 @@ impl FlowState {
         })
     }
 
-    /// Takes `vm`'s pending grants: returns (priority, fairness id, count) for each of its
-    /// queues, and republishes each queue's heads (`heads(priority, id, skip)` gives the
-    /// best queued requests after skipping the `skip` about to be resumed).
+    /// Takes up to `max` of `vm`'s pending grants: returns (priority, fairness id, count)
+    /// per queue, and republishes each queue's heads (`heads(priority, id, skip)` gives the
+    /// best queued requests after skipping the `skip` granted ones, taken now or later).
     pub fn take_grants(
         &mut self,
         vm: u64,
         now_ms: u64,
+        max: usize,
         heads: &dyn Fn(i32, &str, usize) -> Vec<Head>,
     ) -> Vec<(i32, String, u32)> {
+        let mut budget = u32::try_from(max).unwrap_or(u32::MAX);
         let mut taken = Vec::new();
         for q in self.queues.iter_mut().filter(|q| q.vm == vm) {
-            let n = q.granted;
-            q.granted = 0;
-            q.heads = heads(q.priority, &q.fairness_id, n as usize);
+            let skip = q.granted as usize;
+            let n = q.granted.min(budget);
+            q.granted -= n;
+            budget -= n;
+            q.heads = heads(q.priority, &q.fairness_id, skip);
             if n > 0 {
                 taken.push((q.priority, q.fairness_id.clone(), n));
             }
         }
         self.heartbeat(vm, now_ms);
         taken
+    }
+
+    /// Whether `vm` has grants it has not taken yet.
+    pub fn has_grants(&self, vm: u64) -> bool {
+        self.queues.iter().any(|q| q.vm == vm && q.granted > 0)
     }
 
     /// A queued request of `vm` left (client gone or TTL): dequeue it, or if a grant for

@@ -1,127 +1,136 @@
 //! One request's path through the filter.
 //!
-//! Headers: strip the headers only the gateway may set, pause for the body.
-//! Body: buffer to the end, enforce the size limit (413), parse (400), pick the
-//! endpoint with the fewest requests in flight across workers, write
-//! `x-gateway-destination-endpoint`, continue. Response: name the endpoint that served.
-//! End of stream, however it ends: release the in-flight count.
+//! Headers: classify the flow (fairness id, objective → priority, SLO), strip the
+//! headers only the gateway may set, pause for the body. Body: buffer to the end,
+//! enforce the size limit (413), parse (400), pass flow control (go, park or 429),
+//! route. Response: name the endpoint that served. End of stream, however it ends:
+//! release what the request held.
 
-use super::{host, host::Map, stats, store::HostStore};
+use super::flow::{self, Admit, RequestMeta};
+use super::vm::{self, Running};
+use super::{host, host::Map, route, stats};
 use crate::config::Config;
 use crate::errors::ApiError;
-use crate::inflight;
+use crate::flow_control::ordering::slo_deadline;
 use crate::metrics;
 use crate::openai::{parse_request, Api};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
 
-/// Request header carrying the chosen endpoint to the ORIGINAL_DST cluster.
-pub const DESTINATION: &str = "x-gateway-destination-endpoint";
 /// Response header naming the endpoint that served.
 pub const SERVED: &str = "x-gateway-destination-endpoint-served";
-/// Headers a client must not set: the gateway owns them.
-const SYSTEM_OWNED: [&str; 2] = [DESTINATION, SERVED];
-
-/// A request scheduled to an endpoint and not yet finished.
-struct InFlight {
-    endpoint: String,
-    model: String,
-}
+/// Fairness id header, and the router's alias.
+const FAIRNESS_ID: [&str; 2] = [
+    "x-gateway-inference-fairness-id",
+    "x-llm-d-inference-fairness-id",
+];
+/// Objective header, and the router's alias.
+const OBJECTIVE: [&str; 2] = [
+    "x-gateway-inference-objective",
+    "x-llm-d-inference-objective",
+];
+/// TTFT SLO header, and the router's name.
+const SLO_TTFT: [&str; 2] = [slo_deadline::HEADER, "x-llm-d-slo-ttft-ms"];
+/// The flow of requests without a fairness id.
+pub const DEFAULT_FAIRNESS_ID: &str = "default-flow";
+/// Headers a client must not pass upstream or set itself: the gateway owns them.
+const SYSTEM_OWNED: [&str; 8] = [
+    route::DESTINATION,
+    SERVED,
+    "x-gateway-destination-endpoint-subset",
+    "x-gateway-model-name-rewrite",
+    FAIRNESS_ID[0],
+    FAIRNESS_ID[1],
+    OBJECTIVE[0],
+    OBJECTIVE[1],
+];
 
 pub struct Http {
     id: u32,
-    vm: u64,
     config: Rc<Config>,
     path: String,
-    in_flight: Option<InFlight>,
+    fairness_id: String,
+    objective: Option<String>,
+    slo_ttft_ms: Option<u64>,
+    received_us: u64,
+}
+
+fn first_header(names: &[&str]) -> Option<String> {
+    names
+        .iter()
+        .find_map(|n| host::header(Map::RequestHeaders, n).ok().flatten())
+        .filter(|v| !v.is_empty())
 }
 
 impl Http {
-    pub fn new(id: u32, config: Rc<Config>, vm: u64) -> Self {
+    pub fn new(id: u32, config: Rc<Config>) -> Self {
         Self {
             id,
-            vm,
             config,
             path: String::new(),
-            in_flight: None,
+            fairness_id: DEFAULT_FAIRNESS_ID.to_string(),
+            objective: None,
+            slo_ttft_ms: None,
+            received_us: 0,
         }
     }
 
-    /// Answers the request with an OpenAI-style error and stops it.
-    fn reject(&mut self, error: &ApiError, model: &str) -> Action {
-        stats::add(
-            &metrics::OBJECTIVE_REQUEST_ERROR_TOTAL,
-            &[model, model, metrics::error_code(error.status)],
-            1,
-        );
-        let body = error.body();
-        let headers = [("content-type", "application/json")];
-        match host::send_local_response(error.status, &headers, body.as_bytes()) {
-            Ok(()) => Action::Pause,
-            Err(status) => {
-                // Nothing routes a request without a destination: Envoy answers 503.
-                log::error!(
-                    "cannot send a local {} reply: status {status}",
-                    error.status
-                );
+    /// Answers with an error and stops the request.
+    fn reject(&self, error: &ApiError, model: &str) -> Action {
+        if route::reply(error, model, &[]) {
+            Action::Pause
+        } else {
+            // Nothing routes a request without a destination: Envoy answers 503.
+            Action::Continue
+        }
+    }
+
+    /// Routes the request now and remembers it as running.
+    fn go(&self, model: &str, flow_controlled: bool, tokens: u64) -> Action {
+        let vm_id = vm::id();
+        match route::route(vm_id, self.id, &self.config, model) {
+            Ok(endpoint) => {
+                vm::with(|vm| {
+                    vm.running.insert(
+                        self.id,
+                        Running {
+                            endpoint,
+                            model: model.to_string(),
+                            tokens,
+                            flow_controlled,
+                        },
+                    )
+                });
                 Action::Continue
             }
-        }
-    }
-
-    /// Picks the endpoint, writes the destination header, counts the request in flight.
-    fn schedule(&mut self, model: &str) -> Action {
-        let candidates: Vec<&str> = self
-            .config
-            .pool
-            .endpoints
-            .iter()
-            .map(|e| e.address.as_str())
-            .collect();
-        let now = host::now_ms().unwrap_or(0);
-        let seed = u64::from(self.id) ^ self.vm.rotate_left(32);
-        let picked = match inflight::acquire(&HostStore, self.vm, &candidates, now, seed) {
-            Ok(p) => p,
             Err(e) => {
-                log::error!("in-flight ledger unavailable: {e:?}");
-                return self.fail_schedule(model, "the gateway's endpoint state is unavailable");
+                if flow_controlled {
+                    // Give the flow-control slot back.
+                    let held = Running {
+                        endpoint: String::new(),
+                        model: model.to_string(),
+                        tokens,
+                        flow_controlled,
+                    };
+                    flow::finished(&held, self.id);
+                }
+                self.reject(&e, model)
             }
-        };
-        let Some(endpoint) = picked else {
-            return self.fail_schedule(model, "no model server endpoint is available");
-        };
-        if let Err(status) = host::set_header(Map::RequestHeaders, DESTINATION, &endpoint) {
-            log::error!("cannot set {DESTINATION}: status {status}");
-            if let Err(e) = inflight::release(&HostStore, self.vm, &endpoint, now) {
-                log::warn!("in-flight release failed: {e:?}");
-            }
-            return self.fail_schedule(model, "the gateway could not route the request");
         }
-        stats::add(&metrics::SCHEDULER_ATTEMPTS, &["success", model], 1);
-        stats::add(&metrics::OBJECTIVE_REQUEST_TOTAL, &[model, model], 1);
-        stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], 1);
-        self.in_flight = Some(InFlight {
-            endpoint,
-            model: model.to_string(),
-        });
-        Action::Continue
     }
 
-    fn fail_schedule(&mut self, model: &str, why: &str) -> Action {
-        stats::add(&metrics::SCHEDULER_ATTEMPTS, &["failure", model], 1);
-        self.reject(&ApiError::unavailable(why), model)
-    }
-
-    /// Releases the in-flight count, once.
+    /// Releases whatever the request held, once.
     fn release(&mut self) {
-        if let Some(done) = self.in_flight.take() {
-            let now = host::now_ms().unwrap_or(0);
-            if let Err(e) = inflight::release(&HostStore, self.vm, &done.endpoint, now) {
-                log::warn!("in-flight release of {} failed: {e:?}", done.endpoint);
-            }
-            stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[&done.model], -1);
+        if flow::cancelled(self.id, self.id) {
+            return;
         }
+        let Some(Some(done)) = vm::with(|vm| vm.running.remove(&self.id)) else {
+            return;
+        };
+        route::release(vm::id(), &done.endpoint);
+        stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[&done.model], -1);
+        flow::finished(&done, self.id);
     }
 }
 
@@ -134,18 +143,24 @@ impl Context for Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.received_us = host::now_us().unwrap_or(0);
+        self.path = host::header(Map::RequestHeaders, ":path")
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        if let Some(id) = first_header(&FAIRNESS_ID) {
+            self.fairness_id = id;
+        }
+        self.objective = first_header(&OBJECTIVE);
+        self.slo_ttft_ms = slo_deadline::parse_header(first_header(&SLO_TTFT).as_deref());
         for name in SYSTEM_OWNED {
             if let Err(status) = host::remove_header(Map::RequestHeaders, name) {
                 log::warn!("cannot strip {name}: status {status}");
             }
         }
-        self.path = host::header(Map::RequestHeaders, ":path")
-            .ok()
-            .flatten()
-            .unwrap_or_default();
         if end_of_stream {
             // No body (GET /v1/models and the like): any endpoint will do.
-            return self.schedule("");
+            return self.go("", false, 0);
         }
         Action::Pause
     }
@@ -166,14 +181,32 @@ impl HttpContext for Http {
                 return self.reject(&e, "");
             }
         };
-        match parse_request(Api::from_path(&self.path), &body) {
-            Ok(request) => self.schedule(&request.model),
-            Err(e) => self.reject(&e, ""),
+        let request = match parse_request(Api::from_path(&self.path), &body) {
+            Ok(r) => r,
+            Err(e) => return self.reject(&e, ""),
+        };
+        let meta = RequestMeta {
+            fairness_id: &self.fairness_id,
+            priority: self.config.pool.priority_of(self.objective.as_deref()),
+            model: &request.model,
+            bytes: u64::try_from(body.len()).unwrap_or(u64::MAX),
+            received_us: self.received_us,
+            slo_ttft_ms: self.slo_ttft_ms,
+        };
+        match flow::admit(self.id, &meta) {
+            Admit::Go {
+                flow_controlled,
+                tokens,
+            } => self.go(&request.model, flow_controlled, tokens),
+            Admit::Parked => Action::Pause,
+            Admit::Reject(e) => self.reject(&e, &request.model),
         }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(in_flight) = &self.in_flight else {
+        let Some(Some(endpoint)) =
+            vm::with(|vm| vm.running.get(&self.id).map(|r| r.endpoint.clone()))
+        else {
             return Action::Continue;
         };
         // The address Envoy actually connected to (after any retry); our pick otherwise.
@@ -182,7 +215,7 @@ impl HttpContext for Http {
             .flatten()
             .and_then(|b| String::from_utf8(b).ok())
             .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| in_flight.endpoint.clone());
+            .unwrap_or(endpoint);
         if let Err(status) = host::set_header(Map::ResponseHeaders, SERVED, &served) {
             log::warn!("cannot set {SERVED}: status {status}");
         }

@@ -1,65 +1,45 @@
-//! The root context: loads the configuration, keeps this VM alive in the ledger, and
-//! creates one [`Http`] context per request.
+//! The root context: loads the configuration, runs the VM's periodic work (liveness,
+//! flow control), receives messages from other VMs, and creates one [`Http`] context
+//! per request.
 
 use super::http::Http;
-use super::{host, store::HostStore};
+use super::{flow, host, store::HostStore, vm};
 use crate::config::Config;
 use crate::inflight;
-use crate::shared_store::{ensure, update};
-use prost::Message;
+use crate::shared_store::ensure;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
-use std::cell::Cell;
 use std::rc::Rc;
 
-/// Shared-data key of the counter that hands out VM ids.
-const VM_SEQ_KEY: &str = "epp.v1.vm-seq";
-/// Tick period: the liveness heartbeat of this VM's ledger row.
+/// Tick period with flow control on: TTL expiry precision and the safety net for lost
+/// wake-up messages.
+const FLOW_TICK_MS: u32 = 20;
+/// Tick period otherwise: the liveness heartbeat of this VM's in-flight counts.
 const TICK_MS: u32 = 1_000;
 
-#[derive(Clone, PartialEq, Message)]
-struct Seq {
-    #[prost(uint64, tag = "1")]
-    next: u64,
-}
-
-thread_local! {
-    static VM_ID: Cell<u64> = const { Cell::new(0) };
-}
-
-/// This VM's process-unique id (one VM per thread), allocated on first use.
-pub fn vm_id() -> u64 {
-    let id = VM_ID.with(Cell::get);
-    if id != 0 {
-        return id;
-    }
-    let allocated = update(&HostStore, VM_SEQ_KEY, |s: &mut Seq| {
-        s.next += 1;
-        s.next
-    });
-    match allocated {
-        Ok(id) => {
-            VM_ID.with(|c| c.set(id));
-            id
-        }
-        Err(e) => {
-            // Without a unique id this VM's counts could merge with another's; use a
-            // random-ish id from the clock rather than fail requests.
-            let fallback = host::now_ms().map_or(u64::MAX, |t| t.unsigned_abs() | (1 << 63));
-            log::warn!("cannot allocate a VM id ({e:?}); using {fallback}");
-            VM_ID.with(|c| c.set(fallback));
-            fallback
-        }
-    }
-}
-
 /// One per plugin per VM.
-#[derive(Default)]
 pub struct Root {
+    id: u32,
     config: Option<Rc<Config>>,
 }
 
-impl Context for Root {}
+impl Root {
+    pub fn new(id: u32) -> Self {
+        Self { id, config: None }
+    }
+}
+
+impl Context for Root {
+    fn on_done(&mut self) -> bool {
+        // Envoy is removing the plugin: answer what is parked (500), a batch at a time;
+        // the tick finishes the rest and then tells Envoy we are done.
+        let done = flow::shutdown(self.id);
+        if done {
+            vm::with(|vm| vm.draining = false);
+        }
+        done
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -70,39 +50,68 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let text = String::from_utf8_lossy(&text);
-        match Config::parse(&text) {
-            Ok(config) => {
-                if config.pool.endpoints.is_empty() {
-                    log::warn!("pool.endpoints is empty: every request will get 503");
-                }
-                if let Err(e) = ensure(&HostStore, inflight::LEDGER_KEY) {
-                    log::warn!("cannot create the in-flight ledger: {e:?}");
-                }
-                if let Err(status) = host::set_tick_period_ms(TICK_MS) {
-                    log::warn!("cannot set the tick period: status {status}");
-                }
-                self.config = Some(Rc::new(config));
-                true
-            }
+        let config = match Config::parse(&String::from_utf8_lossy(&text)) {
+            Ok(c) => Rc::new(c),
             Err(e) => {
                 // Envoy refuses the filter and logs this line: the user sees why.
                 log::error!("{e}");
-                false
+                return false;
+            }
+        };
+        if config.pool.endpoints.is_empty() {
+            log::warn!("pool.endpoints is empty: every request will get 503");
+        }
+        let plugin_vm_id = host::property(&["plugin_vm_id"])
+            .ok()
+            .flatten()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        let root = self.id;
+        vm::with(|vm| {
+            vm.config = config.clone();
+            vm.root_context = root;
+            vm.plugin_vm_id = plugin_vm_id;
+        });
+        vm::id();
+        if let Err(e) = ensure(&HostStore, inflight::LEDGER_KEY) {
+            log::warn!("cannot create the in-flight ledger: {e:?}");
+        }
+        let tick = if config.flow.enabled {
+            flow::configure();
+            FLOW_TICK_MS
+        } else {
+            TICK_MS
+        };
+        if let Err(status) = host::set_tick_period_ms(tick) {
+            log::warn!("cannot set the tick period: status {status}");
+        }
+        self.config = Some(config);
+        true
+    }
+
+    fn on_tick(&mut self) {
+        if let Ok(now) = host::now_ms() {
+            if let Err(e) = inflight::heartbeat(&HostStore, vm::id(), now) {
+                log::warn!("in-flight ledger heartbeat failed: {e:?}");
+            }
+        }
+        flow::on_tick(self.id);
+        // Finishing a shutdown that had more parked requests than one batch.
+        if vm::with(|vm| vm.draining).unwrap_or(false) && flow::shutdown(self.id) {
+            vm::with(|vm| vm.draining = false);
+            if let Err(status) = host::done() {
+                log::warn!("cannot finish the shutdown: status {status}");
             }
         }
     }
 
-    fn on_tick(&mut self) {
-        let Ok(now) = host::now_ms() else { return };
-        if let Err(e) = inflight::heartbeat(&HostStore, vm_id(), now) {
-            log::warn!("in-flight ledger heartbeat failed: {e:?}");
-        }
+    fn on_queue_ready(&mut self, _queue_id: u32) {
+        flow::on_inbox(self.id);
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone().unwrap_or_default();
-        Some(Box::new(Http::new(context_id, config, vm_id())))
+        Some(Box::new(Http::new(context_id, config)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -42,3 +42,12 @@ pub fn add(metric: &Metric, values: &[&str], delta: i64) {
         }
     }
 }
+
+/// Records a histogram observation, or sets a gauge (last writer wins across VMs).
+pub fn record(metric: &Metric, values: &[&str], value: u64) {
+    if let Some(id) = id(metric, values) {
+        if let Err(status) = host::record_metric(id, value) {
+            log::warn!("cannot record metric {}: status {status}", metric.name);
+        }
+    }
+}
