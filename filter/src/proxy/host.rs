@@ -89,6 +89,13 @@ extern "C" {
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
     fn proxy_done() -> u32;
+    fn proxy_set_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        size: usize,
+        data: *const u8,
+        data_size: usize,
+    ) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
     fn proxy_register_shared_queue(
         name_data: *const u8,
@@ -385,4 +392,10 @@ pub fn dequeue(queue_id: u32) -> Result<Option<Vec<u8>>, Status> {
 pub fn done() -> Result<(), Status> {
     // SAFETY: no arguments.
     check(unsafe { proxy_done() })
+}
+
+/// Replaces the whole buffered request body (of `old_size` bytes) with `body`.
+pub fn replace_request_body(old_size: usize, body: &[u8]) -> Result<(), Status> {
+    // SAFETY: the slice is valid for the call.
+    check(unsafe { proxy_set_buffer_bytes(0, 0, old_size, body.as_ptr(), body.len()) })
 }

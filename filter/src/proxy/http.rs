@@ -198,7 +198,14 @@ impl HttpContext for Http {
                 flow_controlled,
                 tokens,
             } => self.go(&request.model, flow_controlled, tokens),
-            Admit::Parked => Action::Pause,
+            Admit::Parked => {
+                // Envoy holds the body in the 16 KiB read slice it arrived in; a copy of
+                // the exact size makes a parked stream much cheaper to hold.
+                if let Err(status) = host::replace_request_body(body_size, &body) {
+                    log::debug!("cannot compact the parked body: status {status}");
+                }
+                Action::Pause
+            }
             Admit::Reject(e) => self.reject(&e, &request.model),
         }
     }
