@@ -42,7 +42,16 @@ pub struct FlowState {
     /// Round-robin cursors, one per band that has used one.
     #[prost(message, repeated, tag = "3")]
     pub cursors: Vec<Cursor>,
+    /// When recent dispatches happened (ms), newest last, at most [`RECENT_DISPATCHES`]
+    /// within [`RECENT_WINDOW_MS`]: the load that scraped metrics cannot show yet.
+    #[prost(uint64, repeated, tag = "4")]
+    pub recent: Vec<u64>,
 }
+
+/// Most recent dispatch times kept.
+pub const RECENT_DISPATCHES: usize = 512;
+/// How far back recent dispatch times are kept (ms).
+pub const RECENT_WINDOW_MS: u64 = 2_000;
 
 /// A VM's dispatched requests and liveness.
 #[derive(Clone, PartialEq, Message)]
@@ -201,6 +210,21 @@ impl FlowState {
         })
     }
 
+    fn note_dispatch(&mut self, now_ms: u64) {
+        self.recent
+            .retain(|t| now_ms.saturating_sub(*t) < RECENT_WINDOW_MS);
+        if self.recent.len() >= RECENT_DISPATCHES {
+            self.recent.remove(0);
+        }
+        self.recent.push(now_ms);
+    }
+
+    /// Requests dispatched after `since_ms` (within the kept window): load that metrics
+    /// scraped at `since_ms` do not show yet.
+    pub fn dispatched_since(&self, since_ms: u64) -> u64 {
+        self.recent.iter().filter(|t| **t > since_ms).count() as u64
+    }
+
     /// Requests dispatched and not finished, pool-wide.
     pub fn in_flight(&self) -> u64 {
         self.vms.iter().map(|r| r.in_flight).sum()
@@ -295,6 +319,7 @@ impl FlowState {
                 row.in_flight += 1;
                 row.in_flight_tokens += item.tokens;
             }
+            self.note_dispatch(now_ms);
             return Admission::Dispatch;
         }
         self.row(vm, now_ms);
@@ -348,7 +373,10 @@ impl FlowState {
                 break;
             };
             match self.grant_in_band(config, priority) {
-                Some(g) => grants.push(g),
+                Some(g) => {
+                    self.note_dispatch(now_ms);
+                    grants.push(g);
+                }
                 None => break,
             }
         }
@@ -496,5 +524,48 @@ impl FlowState {
             r.in_flight_tokens = r.in_flight_tokens.saturating_sub(tokens);
         }
         self.heartbeat(vm, now_ms);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn recent_dispatches_are_counted_after_a_scrape_time_and_bounded() {
+        let config = FlowControlConfig::default();
+        let band = config.band(0);
+        let mut s = FlowState::default();
+        let flow = FlowRef {
+            priority: 0,
+            fairness_id: "a",
+        };
+        let head = Head {
+            primary: 0,
+            secondary: 0,
+            bytes: 1,
+            tokens: 1,
+        };
+        for t in 0..600u64 {
+            let a = s.admit(1, flow, head, &config, &band, 1_000 + t, &|_| 0.0, &|_| {
+                Vec::new()
+            });
+            assert_eq!(a, Admission::Dispatch);
+        }
+        assert_eq!(s.recent.len(), RECENT_DISPATCHES);
+        assert_eq!(s.dispatched_since(1_000 + 589), 10);
+        // Old dispatches leave the window.
+        s.admit(
+            1,
+            flow,
+            head,
+            &config,
+            &band,
+            1_000 + 600 + RECENT_WINDOW_MS,
+            &|_| 0.0,
+            &|_| Vec::new(),
+        );
+        assert_eq!(s.recent.len(), 1);
     }
 }

@@ -10,7 +10,8 @@ use serde_json::Value;
 /// One endpoint's scraped load, as the utilization detector reads it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EndpointLoad {
-    /// Requests waiting in the model server's queue.
+    /// Requests waiting in the model server's queue, plus those the gateway sent since
+    /// the scrape (which the scrape cannot show yet).
     pub waiting: f64,
     /// KV-cache usage, 0..1.
     pub kv_usage: f64,

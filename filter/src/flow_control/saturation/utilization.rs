@@ -22,6 +22,9 @@ pub struct Params {
     pub staleness_ms: u64,
     /// `headroom` (default 0).
     pub headroom: f64,
+    /// `stalenessPolicy` (llm-d): `saturated` (default, as the reference: a stale
+    /// endpoint counts 1.0) or `ignore` (stale endpoints leave the mean; all stale → 1.0).
+    pub ignore_stale: bool,
 }
 
 impl Default for Params {
@@ -31,6 +34,7 @@ impl Default for Params {
             kv_cache_util_threshold: 0.8,
             staleness_ms: 200,
             headroom: 0.0,
+            ignore_stale: false,
         }
     }
 }
@@ -45,6 +49,7 @@ impl Params {
                 "kvCacheUtilThreshold",
                 "metricsStalenessThreshold",
                 "headroom",
+                "stalenessPolicy",
             ],
             path,
         )?;
@@ -84,6 +89,18 @@ impl Params {
             }
             p.headroom = h;
         }
+        if let Some(v) = params.get("stalenessPolicy") {
+            p.ignore_stale = match v.as_str() {
+                Some("saturated") => false,
+                Some("ignore") => true,
+                _ => {
+                    return Err(err(
+                        "stalenessPolicy",
+                        "must be \"saturated\" or \"ignore\"",
+                    ))
+                }
+            };
+        }
         Ok(p)
     }
 
@@ -100,16 +117,18 @@ impl Params {
         (e.waiting / self.queue_depth_threshold).max(e.kv_usage / self.kv_cache_util_threshold)
     }
 
-    /// The pool's saturation: mean endpoint score; 1.0 for an empty pool.
+    /// The pool's saturation: mean endpoint score; 1.0 for an empty pool (and, with
+    /// `stalenessPolicy: ignore`, for a pool with no fresh endpoint).
     pub fn saturation(&self, endpoints: &[EndpointLoad], now_ms: u64) -> f64 {
-        if endpoints.is_empty() {
+        let counted: Vec<&EndpointLoad> = endpoints
+            .iter()
+            .filter(|e| !self.ignore_stale || self.fresh(e, now_ms))
+            .collect();
+        if counted.is_empty() {
             return 1.0;
         }
-        let sum: f64 = endpoints
-            .iter()
-            .map(|e| self.endpoint_score(e, now_ms))
-            .sum();
-        sum / endpoints.len() as f64
+        let sum: f64 = counted.iter().map(|e| self.endpoint_score(e, now_ms)).sum();
+        sum / counted.len() as f64
     }
 
     /// Filter role: the endpoints with fresh metrics under both thresholds (loosened by
@@ -157,6 +176,26 @@ mod tests {
         assert_eq!(p.saturation(&[], now), 1.0);
         // Overload reads above 1.
         assert!((p.saturation(&[ep(10.0, 0.0, Some(now))], now) - 2.0).abs() < 1e-9);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn staleness_policy_ignore_leaves_stale_endpoints_out() {
+        let p = Params {
+            ignore_stale: true,
+            ..Params::default()
+        };
+        let now = 1_000;
+        let pool = [ep(1.0, 0.0, Some(now)), ep(0.0, 0.0, None)];
+        assert!((p.saturation(&pool, now) - 0.2).abs() < 1e-9);
+        assert_eq!(p.saturation(&[ep(0.0, 0.0, None)], now), 1.0);
+        let parsed = Params::parse(&json!({"stalenessPolicy": "ignore"}), "p").unwrap();
+        assert!(parsed.ignore_stale);
+        assert_eq!(
+            Params::parse(&json!({"stalenessPolicy": "maybe"}), "p")
+                .unwrap_err()
+                .path,
+            "p.stalenessPolicy"
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]
