@@ -211,7 +211,13 @@ fn the_same_requests_give_the_same_answers_and_metrics_in_envoy_and_in_host_sim(
         );
     }
     assert_eq!(from_sim, from_envoy);
+    let statuses: Vec<u16> = from_envoy.iter().map(|s| s.status).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 400, 400, 400, 413, 200]);
     assert_eq!(filter_lines(&sim.prometheus()), envoy_metrics);
+    let success = format!(
+        "inference_extension_scheduler_attempts_total{{status=\"success\",target_model_name=\"{MODEL}\"}} 6"
+    );
+    assert!(envoy_metrics.contains(&success), "{envoy_metrics:#?}");
 }
 
 #[test]
@@ -245,6 +251,13 @@ fn a_router_503_for_a_dead_endpoint_looks_the_same_in_envoy_and_in_host_sim() {
         o.text()
     );
     assert_eq!(filter_lines(&sim.prometheus()), envoy_metrics);
+    assert!(
+        envoy_metrics
+            .iter()
+            .any(|l| l.contains("error_code=\"ServiceUnavailable\"")
+                || l.contains("status=\"success\"")),
+        "{envoy_metrics:#?}"
+    );
 }
 
 #[test]
