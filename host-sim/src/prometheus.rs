@@ -120,7 +120,8 @@ fn fmt_num(v: f64) -> String {
 /// Renders the stats as `/stats/prometheus` text.
 pub fn render(stats: &BTreeMap<String, Stat>, rules: &[TagRule], buckets: &[f64]) -> String {
     // family name -> (kind, [(labels, stat)])
-    let mut families: BTreeMap<String, (MetricKind, Vec<(String, &Stat)>)> = BTreeMap::new();
+    type Family<'a> = (MetricKind, Vec<(String, &'a Stat)>);
+    let mut families: BTreeMap<String, Family> = BTreeMap::new();
     for (name, stat) in stats {
         let (extracted, tags) = extract(name, rules);
         let labels = tags

@@ -7,13 +7,10 @@ use host_sim::world::clock::Rng;
 use host_sim::{ms, Poisson, SimConfig, SimpleUpstream};
 use serde_json::json;
 
-fn run(
-    seed: u64,
-) -> (
-    u64,
-    Vec<String>,
-    Vec<(Option<u16>, Option<String>, Option<usize>, Option<u64>)>,
-) {
+/// Status, endpoint, worker and completion time of one request.
+type Seen = (Option<u16>, Option<String>, Option<usize>, Option<u64>);
+
+fn run(seed: u64) -> (u64, Vec<String>, Vec<Seen>) {
     let eps = endpoints(4);
     let cfg = SimConfig::new(&filter_config(&eps, json!({})))
         .workers(4)
@@ -54,9 +51,7 @@ fn a_different_seed_explores_a_different_interleaving() {
     let (h2, t2, o2) = run(8);
     assert_ne!(h1, h2);
     assert_ne!(t1, t2, "the event order differs");
-    let workers = |o: &Vec<(Option<u16>, Option<String>, Option<usize>, Option<u64>)>| {
-        o.iter().map(|x| x.2).collect::<Vec<_>>()
-    };
+    let workers = |o: &Vec<Seen>| o.iter().map(|x| x.2).collect::<Vec<_>>();
     assert_ne!(
         workers(&o1),
         workers(&o2),

@@ -41,7 +41,8 @@ fn fnv(bytes: &[u8]) -> u64 {
 /// Loads and compiles `path`, cached in the process by path and content, and on disk
 /// (next to the module, as `<name>.<hash>.host-sim.cwasm`) by content.
 pub fn load(path: &Path) -> Result<Arc<Compiled>> {
-    static CACHE: OnceLock<Mutex<HashMap<(PathBuf, u64), Arc<Compiled>>>> = OnceLock::new();
+    type Cache = Mutex<HashMap<(PathBuf, u64), Arc<Compiled>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let bytes = std::fs::read(path).with_context(|| {
         format!(
             "cannot read the filter module {}; build it with \

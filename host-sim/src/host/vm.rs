@@ -276,6 +276,7 @@ type F2 = TypedFunc<(i32, i32), ()>;
 type F2R = TypedFunc<(i32, i32), i32>;
 type F3R = TypedFunc<(i32, i32, i32), i32>;
 type F1 = TypedFunc<i32, ()>;
+type F5 = TypedFunc<(i32, i32, i32, i32, i32), ()>;
 
 struct Exports {
     context_create: Option<F2>,
@@ -290,7 +291,7 @@ struct Exports {
     log: Option<F1>,
     done: Option<TypedFunc<i32, i32>>,
     delete: Option<F1>,
-    http_call_response: Option<TypedFunc<(i32, i32, i32, i32, i32), ()>>,
+    http_call_response: Option<F5>,
 }
 
 /// One VM instance.

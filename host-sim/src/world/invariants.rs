@@ -3,12 +3,15 @@
 
 use crate::sim::Sim;
 
+/// The check of an invariant: `Err` describes the violation.
+pub type Check = dyn Fn(&Sim) -> Result<(), String>;
+
 /// A named check over the whole simulation; `Err` describes the violation.
 pub struct Invariant {
     /// What it checks.
     pub name: String,
     /// The check.
-    pub check: Box<dyn Fn(&Sim) -> Result<(), String>>,
+    pub check: Box<Check>,
 }
 
 impl Invariant {
