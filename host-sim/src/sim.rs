@@ -811,6 +811,20 @@ impl Sim {
             }
             Ev::CalloutDone { vm, token, resp } => self.callout_done(vm, token, resp),
             Ev::CalloutTimeout { vm, token } => {
+                // Envoy resets the callout's upstream request on timeout.
+                let mut uids: Vec<u64> = self
+                    .upreqs
+                    .iter()
+                    .filter(|(_, u)| matches!(u.owner, UpRef::Callout { vm: v, token: t } if v == vm && t == token))
+                    .map(|(k, _)| *k)
+                    .collect();
+                uids.sort_unstable();
+                for uid in uids {
+                    if let Some(u) = self.upreqs.remove(&uid) {
+                        self.endpoints[u.ep].upstream.cancel(self.now, uid);
+                        self.rearm_upstream(u.ep);
+                    }
+                }
                 let resp = CalloutResponse {
                     headers: vec![(":status".into(), "504".into())],
                     body: b"upstream request timeout".to_vec(),

@@ -355,3 +355,54 @@ fn poisson_load_with_tenants_keeps_every_invariant() {
     }
     assert_eq!(running_requests(&sim), 0.0);
 }
+
+#[test]
+fn a_slowed_server_gets_fewer_requests_and_a_failing_one_passes_its_errors_through() {
+    let eps = endpoints(3);
+    let cfg = SimConfig::new(&filter_config(&eps, json!({})))
+        .workers(4)
+        .seed(21);
+    let mut sim = sim_with(cfg, &eps, |a| {
+        SimpleUpstream::new(a).ttft(ms(20)).itl(ms(2))
+    });
+    sim.at(
+        ms(5),
+        Control::SetCondition(eps[0].clone(), host_sim::Condition::Slowed(8.0)),
+    );
+    sim.at(
+        ms(5),
+        Control::SetCondition(eps[2].clone(), host_sim::Condition::Failing(500)),
+    );
+    let mut w = host_sim::Poisson::new(500.0, 300, MODEL);
+    w.start = ms(10);
+    sim.add_requests(w.generate(&mut host_sim::world::clock::Rng::new(1, 1)));
+    sim.run().unwrap();
+    let count = |ep: &str| {
+        sim.outcomes()
+            .iter()
+            .filter(|o| o.endpoint.as_deref() == Some(ep))
+            .count()
+    };
+    // Least-in-flight: the slow server holds its requests longer, so it gets fewer; the
+    // failing one answers at once, so it gets the most.
+    assert!(
+        count(&eps[0]) < count(&eps[1]),
+        "{} vs {}",
+        count(&eps[0]),
+        count(&eps[1])
+    );
+    assert!(count(&eps[2]) > count(&eps[1]));
+    for o in sim.outcomes() {
+        let expect = if o.endpoint.as_deref() == Some(eps[2].as_str()) {
+            500
+        } else {
+            200
+        };
+        assert_eq!(o.status, Some(expect));
+        assert_eq!(
+            o.header("x-gateway-destination-endpoint-served"),
+            o.endpoint.as_deref()
+        );
+    }
+    assert_eq!(running_requests(&sim), 0.0);
+}

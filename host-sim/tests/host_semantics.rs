@@ -179,3 +179,42 @@ fn many_streams_resumed_in_one_callback_all_reach_the_upstream_and_ticks_release
         assert!(d > SEC && d < SEC + ms(10), "released by the tick: {o:?}");
     }
 }
+
+#[test]
+fn callouts_are_routed_by_the_original_dst_header_and_time_out() {
+    let mut sim = probe_sim(2, 7);
+    sim.add_endpoint(
+        "10.0.0.2:8000",
+        Box::new(SimpleUpstream::new("10.0.0.2:8000").ttft(5 * SEC)),
+    );
+    sim.add_requests([
+        RequestSpec::get("/callout-metrics").at(ms(10)),
+        RequestSpec::get("/callout-slow").at(ms(10)),
+        RequestSpec::get("/callout-dead").at(ms(10)),
+    ]);
+    sim.run().unwrap();
+    let o = sim.outcomes();
+    assert_eq!(o[0].header("x-callout-status"), Some("200"));
+    assert!(
+        o[0].text().contains("vllm:num_requests_running"),
+        "{}",
+        o[0].text()
+    );
+    assert_eq!(
+        o[1].header("x-callout-status"),
+        Some("504"),
+        "{}",
+        o[1].text()
+    );
+    let answered = o[1].finished_at.unwrap() - o[1].sent_at;
+    assert!(
+        answered > ms(100) && answered < ms(102),
+        "timed out after 100 ms: {answered}"
+    );
+    assert_eq!(o[2].header("x-callout-status"), Some("503"));
+    assert!(
+        o[2].text().starts_with("upstream connect error"),
+        "{}",
+        o[2].text()
+    );
+}

@@ -190,3 +190,47 @@ impl Shared {
         self.stats.get_mut(full_name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cas_writes_only_over_the_version_read_and_a_missing_key_is_always_writable() {
+        let mut s = Shared::default();
+        assert_eq!(s.get("vm", "k"), None);
+        assert_eq!(
+            s.set("vm", "k", b"a", 12345),
+            SetResult::Ok,
+            "missing key: any cas"
+        );
+        let (_, cas) = s.get("vm", "k").unwrap();
+        assert_eq!(s.set("vm", "k", b"b", cas), SetResult::Ok);
+        assert_eq!(
+            s.set("vm", "k", b"c", cas),
+            SetResult::CasMismatch,
+            "stale token"
+        );
+        assert_eq!(
+            s.set("vm", "k", b"d", 0),
+            SetResult::Ok,
+            "0 = unconditional"
+        );
+        assert_eq!(s.get("vm", "k").unwrap().0, b"d");
+        assert_eq!(s.get("other-vm", "k"), None, "keyed by vm_id");
+    }
+
+    #[test]
+    fn the_last_registrant_owns_a_queue_and_tokens_are_stable() {
+        let mut s = Shared::default();
+        let a = QueueOwner { slot: 2, root: 1 };
+        let b = QueueOwner { slot: 3, root: 1 };
+        let t = s.register_queue("vm", "q", a);
+        assert_eq!(s.register_queue("vm", "q", b), t);
+        assert_eq!(s.resolve_queue("vm", "q"), Some(t));
+        assert_eq!(s.enqueue(t, b"m"), Some(b));
+        assert_eq!(s.dequeue(t), Ok(Some(b"m".to_vec())));
+        assert_eq!(s.dequeue(t), Ok(None));
+        assert_eq!(s.dequeue(t + 1), Err(()));
+    }
+}

@@ -141,7 +141,28 @@ struct Http {
     id: u32,
 }
 
+impl Http {
+    fn callout(&self, cluster: &str, header: &str, to: &str, method: &str, path: &str, timeout_ms: u64) -> Action {
+        let body = br#"{"model":"m","prompt":"p","max_tokens":1}"#;
+        let headers = vec![(":method", method), (":path", path), (":authority", to), (header, to)];
+        let body = if method == "POST" { Some(&body[..]) } else { None };
+        match self.dispatch_http_call(cluster, headers, body, vec![], std::time::Duration::from_millis(timeout_ms)) {
+            Ok(_) => Action::Pause,
+            Err(e) => {
+                self.send_http_response(500, vec![("x-dispatch-error", &format!("{e:?}"))], None);
+                Action::Pause
+            }
+        }
+    }
+}
+
 impl Context for Http {
+    fn on_http_call_response(&mut self, _token: u32, _headers: usize, body_size: usize, _trailers: usize) {
+        let status = self.get_http_call_response_header(":status").unwrap_or_default();
+        let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
+        self.send_http_response(200, vec![("x-callout-status", &status)], Some(&body));
+    }
+
     fn on_done(&mut self) -> bool {
         PARKED.with(|p| p.borrow_mut().retain(|c| *c != self.id));
         append("probe.events", &format!("done {}", self.id));
@@ -172,6 +193,9 @@ impl HttpContext for Http {
                 send_self("release-all 0");
                 Action::Continue
             }
+            "/callout-metrics" => self.callout("scrape", "x-envoy-original-dst-host", "10.0.0.1:8000", "GET", "/metrics", 1000),
+            "/callout-slow" => self.callout("pool", "x-gateway-destination-endpoint", "10.0.0.2:8000", "POST", "/v1/completions", 100),
+            "/callout-dead" => self.callout("scrape", "x-envoy-original-dst-host", "10.0.0.9:8000", "GET", "/metrics", 1000),
             "/global" => {
                 if let Ok(Some(q)) = hostcalls::resolve_shared_queue("probe", "global") {
                     let _ = hostcalls::enqueue_shared_queue(q, Some(b"hello"));
