@@ -520,8 +520,19 @@ impl Sim {
     }
 
     /// Injects a host-call failure from now on.
-    pub fn add_fault(&mut self, fault: Fault) {
+    pub fn add_fault(&mut self, mut fault: Fault) {
+        fault.rng = Rng::new(self.rng.next_u64(), 5);
         self.faults.borrow_mut().rules.push(fault);
+    }
+
+    /// How many times each injected fault fired, in the order they were added.
+    pub fn faults_fired(&self) -> Vec<u64> {
+        self.faults
+            .borrow()
+            .rules
+            .iter()
+            .map(Fault::fired)
+            .collect()
     }
 
     /// Adds an invariant checked after every event (when `check_invariants`) and at the end.

@@ -1,7 +1,7 @@
 //! Injectable host-call failures: make chosen imports fail (or trap) for chosen VMs,
 //! at chosen virtual times, to test the filter's error paths.
 
-use crate::world::clock::Nanos;
+use crate::world::clock::{Nanos, Rng};
 
 /// What an injected fault does instead of the import's work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +29,9 @@ pub struct Fault {
     pub times: u64,
     /// What to do.
     pub action: FaultAction,
+    /// Chance that a matching call fires (seeded by the run).
+    pub probability: f64,
+    pub(crate) rng: Rng,
     pub(crate) seen: u64,
     pub(crate) fired: u64,
 }
@@ -44,6 +47,8 @@ impl Fault {
             skip: 0,
             times: u64::MAX,
             action,
+            probability: 1.0,
+            rng: Rng::new(0, 5),
             seen: 0,
             fired: 0,
         }
@@ -74,6 +79,12 @@ impl Fault {
         self
     }
 
+    /// Fire on each matching call with probability `p` (drawn from the run's seed).
+    pub fn probability(mut self, p: f64) -> Fault {
+        self.probability = p;
+        self
+    }
+
     /// How many times it fired.
     pub fn fired(&self) -> u64 {
         self.fired
@@ -100,6 +111,9 @@ impl Faults {
             }
             f.seen += 1;
             if f.seen <= f.skip || f.fired >= f.times {
+                continue;
+            }
+            if f.probability < 1.0 && f.rng.unit() >= f.probability {
                 continue;
             }
             f.fired += 1;
