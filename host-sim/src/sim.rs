@@ -310,6 +310,19 @@ impl Ev {
     }
 }
 
+/// Demangles the Rust symbols of a wasm backtrace (`_ZN...E` → `a::b::c`).
+fn demangle_backtrace(text: &str) -> String {
+    use std::sync::OnceLock;
+    static SYMBOL: OnceLock<regex::Regex> = OnceLock::new();
+    let re = SYMBOL.get_or_init(|| {
+        regex::Regex::new(r"_ZN[0-9A-Za-z_$.]+E").unwrap_or_else(|e| panic!("{e}"))
+    });
+    re.replace_all(text, |c: &regex::Captures| {
+        format!("{:#}", rustc_demangle::demangle(&c[0]))
+    })
+    .into_owned()
+}
+
 struct Endpoint {
     addr: String,
     upstream: Box<dyn Upstream>,
@@ -980,7 +993,7 @@ impl Sim {
     }
 
     fn crash(&mut self, vm: usize, cb: Callback, e: &wasmtime::Error) {
-        let message = format!("{e:?}");
+        let message = demangle_backtrace(&format!("{e:?}"));
         let slot = self.vm_slot[vm];
         self.crashes.push(Crash {
             at: self.now,

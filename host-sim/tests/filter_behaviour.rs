@@ -229,6 +229,13 @@ fn a_vm_trap_is_handled_as_fail_reload() {
         "{}",
         crash.message
     );
+    assert!(
+        crash
+            .message
+            .contains("epp_filter::proxy::http::Http::schedule"),
+        "demangled frames: {}",
+        crash.message
+    );
     // Stats are process-wide: the fresh VM's counts add to the dead one's.
     assert_eq!(
         metric(&sim, &format!("inference_extension_scheduler_attempts_total{{status=\"success\",target_model_name=\"{MODEL}\"}}")),
