@@ -27,11 +27,10 @@ use crate::world::upstream::{Condition, Emit, Upstream, UpstreamRequest};
 use crate::world::workload::RequestSpec;
 use crate::{slot_of_worker, SLOT_BASE, SLOT_MAIN};
 use anyhow::{bail, Result};
-use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use wasmtime::Linker;
 
 /// What Envoy does with a worker whose VM crashed (`failure_policy`).
@@ -310,6 +309,12 @@ impl Ev {
     }
 }
 
+/// Locks a process-wide structure (single-threaded: never contended, never poisoned
+/// in a way that matters).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Demangles the Rust symbols of a wasm backtrace (`_ZN...E` → `a::b::c`).
 fn demangle_backtrace(text: &str) -> String {
     use std::sync::OnceLock;
@@ -378,11 +383,11 @@ pub struct Sim {
     cfg: SimConfig,
     compiled: Arc<Compiled>,
     linker: Linker<HostState>,
-    shared: Rc<RefCell<Shared>>,
-    faults: Rc<RefCell<Faults>>,
-    log: Rc<RefCell<Vec<LogLine>>>,
-    clusters: Rc<Vec<Cluster>>,
-    callouts_in_flight: Rc<Cell<u32>>,
+    shared: Arc<Mutex<Shared>>,
+    faults: Arc<Mutex<Faults>>,
+    log: Arc<Mutex<Vec<LogLine>>>,
+    clusters: Arc<Vec<Cluster>>,
+    callouts_in_flight: Arc<AtomicU32>,
     vms: Vec<Vm>,
     vm_slot: Vec<usize>,
     tick_state: Vec<(u32, u64)>,
@@ -423,16 +428,16 @@ impl Sim {
         let compiled = module::load(&cfg.wasm)?;
         let linker = abi::linker(&compiled.engine, &compiled.module)?;
         let rng = Rng::new(cfg.seed, 1);
-        let clusters = Rc::new(cfg.clusters.clone());
+        let clusters = Arc::new(cfg.clusters.clone());
         let slots = cfg.workers + 2;
         let mut sim = Sim {
             compiled,
             linker,
-            shared: Rc::default(),
-            faults: Rc::default(),
-            log: Rc::default(),
+            shared: Arc::default(),
+            faults: Arc::default(),
+            log: Arc::default(),
             clusters,
-            callouts_in_flight: Rc::default(),
+            callouts_in_flight: Arc::default(),
             vms: Vec::new(),
             vm_slot: Vec::new(),
             tick_state: Vec::new(),
@@ -535,13 +540,12 @@ impl Sim {
     /// Injects a host-call failure from now on.
     pub fn add_fault(&mut self, mut fault: Fault) {
         fault.rng = Rng::new(self.rng.next_u64(), 5);
-        self.faults.borrow_mut().rules.push(fault);
+        lock(&self.faults).rules.push(fault);
     }
 
     /// How many times each injected fault fired, in the order they were added.
     pub fn faults_fired(&self) -> Vec<u64> {
-        self.faults
-            .borrow()
+        lock(&self.faults)
             .rules
             .iter()
             .map(Fault::fired)
@@ -586,7 +590,7 @@ impl Sim {
     /// The Prometheus text (`/stats/prometheus`) of the process's stats.
     pub fn prometheus(&self) -> String {
         prometheus::render(
-            &self.shared.borrow().stats,
+            &lock(&self.shared).stats,
             &self.cfg.tag_rules,
             &self.cfg.histogram_buckets,
         )
@@ -599,8 +603,7 @@ impl Sim {
 
     /// A shared-data value (host-side view).
     pub fn shared_data(&self, key: &str) -> Option<Vec<u8>> {
-        self.shared
-            .borrow()
+        lock(&self.shared)
             .peek(&self.cfg.vm_id, key)
             .map(<[u8]>::to_vec)
     }
@@ -642,7 +645,7 @@ impl Sim {
 
     /// Log lines of every VM.
     pub fn logs(&self) -> Vec<LogLine> {
-        self.log.borrow().clone()
+        lock(&self.log).clone()
     }
 
     /// Invariant violations found so far.
@@ -913,9 +916,7 @@ impl Sim {
             } else {
                 "on_configure"
             };
-            let logs: Vec<String> = self
-                .log
-                .borrow()
+            let logs: Vec<String> = lock(&self.log)
                 .iter()
                 .filter(|l| l.slot == slot && l.level >= 3)
                 .map(|l| l.message.clone())
@@ -1124,8 +1125,9 @@ impl Sim {
         if self.callouts.remove(&(vm, token)).is_none() {
             return; // already answered (or timed out)
         }
-        self.callouts_in_flight
-            .set(self.callouts_in_flight.get().saturating_sub(1));
+        let _ = self
+            .callouts_in_flight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
         if self.vms[vm].failed.is_some() {
             return;
         }

@@ -12,6 +12,7 @@ use super::shared::{MetricKind, QueueOwner, SetResult};
 use super::vm::{HostState, LogLine};
 use crate::world::clock::EPOCH_NANOS;
 use anyhow::{anyhow, bail, Result};
+use std::sync::atomic::Ordering;
 use wasmtime::{Caller, Engine, ExternType, Linker, Module, Val};
 
 /// proxy-wasm status codes (the subset the Rust SDK 0.2.5 knows).
@@ -370,7 +371,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
         h.hostcalls += 1;
         let (slot, now) = (h.slot, h.now);
         let fault = {
-            let mut f = h.faults.borrow_mut();
+            let mut f = h.faults.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if f.rules.is_empty() {
                 None
             } else {
@@ -552,7 +553,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             let got = {
                 let h = c.data();
                 let vm_id = h.vm_id.clone();
-                let r = h.shared.borrow_mut().get(&vm_id, &key);
+                let r = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&vm_id, &key);
                 r
             };
             match got {
@@ -569,7 +570,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             let value = read(c, arg(p, 2), arg(p, 3))?;
             let cas = arg(p, 4);
             let h = c.data();
-            let r = h.shared.borrow_mut().set(&h.vm_id, &key, &value, cas);
+            let r = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set(&h.vm_id, &key, &value, cas);
             Ok(match r {
                 SetResult::Ok => OK,
                 SetResult::CasMismatch => CAS_MISMATCH,
@@ -583,7 +584,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
                     slot: h.slot,
                     root: h.root_id,
                 };
-                let t = h.shared.borrow_mut().register_queue(&h.vm_id, &name, owner);
+                let t = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).register_queue(&h.vm_id, &name, owner);
                 t
             };
             write_u32(c, arg(p, 2), token)?;
@@ -599,7 +600,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
                 } else {
                     vm_id
                 };
-                let t = h.shared.borrow().resolve_queue(&vm_id, &name);
+                let t = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).resolve_queue(&vm_id, &name);
                 t
             };
             match token {
@@ -614,7 +615,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             let token = arg(p, 0);
             let value = read(c, arg(p, 1), arg(p, 2))?;
             let h = c.data_mut();
-            let owner = h.shared.borrow_mut().enqueue(token, &value);
+            let owner = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).enqueue(token, &value);
             match owner {
                 Some(o) => {
                     h.outgoing.push(Outgoing::QueueReady {
@@ -629,7 +630,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
         }
         Imp::DequeueSharedQueue => {
             let token = arg(p, 0);
-            let r = c.data().shared.borrow_mut().dequeue(token);
+            let r = c.data().shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).dequeue(token);
             match r {
                 Err(()) => Ok(NOT_FOUND),
                 Ok(None) => Ok(EMPTY),
@@ -700,10 +701,10 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
                 if !has(":method") || !has(":path") || !has(":authority") {
                     return Ok(BAD_ARGUMENT);
                 }
-                if h.callouts_in_flight.get() >= h.callout_limit {
+                if h.callouts_in_flight.load(Ordering::Relaxed) >= h.callout_limit {
                     return Ok(INTERNAL_FAILURE);
                 }
-                h.callouts_in_flight.set(h.callouts_in_flight.get() + 1);
+                h.callouts_in_flight.fetch_add(1, Ordering::Relaxed);
                 h.next_callout += 1;
                 let token = h.next_callout;
                 h.outgoing.push(Outgoing::HttpCall {
@@ -755,7 +756,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             let full = format!("wasmcustom.{name}");
             let id = {
                 let h = c.data_mut();
-                h.shared.borrow_mut().define_stat(&full, kind);
+                h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).define_stat(&full, kind);
                 h.new_metric_id(kind, full)
             };
             write_u32(c, arg(p, 3), id)?;
@@ -768,7 +769,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             let Some((name, kind)) = h.metric_ids.get(&id) else {
                 return Ok(NOT_FOUND);
             };
-            let mut shared = h.shared.borrow_mut();
+            let mut shared = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let Some(stat) = shared.stat_mut(name) else {
                 return Ok(NOT_FOUND);
             };
@@ -806,7 +807,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
                 if *kind == MetricKind::Histogram {
                     return Ok(BAD_ARGUMENT);
                 }
-                let shared = h.shared.borrow();
+                let shared = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 shared.stats.get(name).map_or(0, |s| s.value)
             };
             write(c, arg(p, 1), &value.to_le_bytes())?;
@@ -850,7 +851,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
 }
 
 fn push_log(h: &HostState, level: u32, message: String) {
-    let mut log = h.log.borrow_mut();
+    let mut log = h.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if log.len() < 200_000 {
         log.push(LogLine {
             at: h.now,

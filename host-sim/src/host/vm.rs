@@ -5,9 +5,9 @@ use super::effects::{Effect, Outgoing};
 use super::faults::Faults;
 use super::shared::{MetricKind, Shared};
 use crate::world::clock::{Nanos, Rng};
-use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
-use std::rc::Rc;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
 use wasmtime::{Instance, Linker, Memory, Module, Store, TypedFunc};
 
 /// An upstream cluster the filter can send callouts to (an ORIGINAL_DST cluster that
@@ -80,11 +80,11 @@ pub struct HostState {
     /// Root id of the plugin.
     pub root_id_name: String,
     /// Process-wide store.
-    pub shared: Rc<RefCell<Shared>>,
+    pub shared: Arc<Mutex<Shared>>,
     /// Injected failures.
-    pub faults: Rc<RefCell<Faults>>,
+    pub faults: Arc<Mutex<Faults>>,
     /// Process log.
-    pub log: Rc<RefCell<Vec<LogLine>>>,
+    pub log: Arc<Mutex<Vec<LogLine>>>,
     /// Virtual time of the current callback.
     pub now: Nanos,
     /// The root context id.
@@ -117,9 +117,9 @@ pub struct HostState {
     /// Next callout token.
     pub next_callout: u32,
     /// Clusters for callouts.
-    pub clusters: Rc<Vec<Cluster>>,
+    pub clusters: Arc<Vec<Cluster>>,
     /// Callouts in flight process-wide, and the circuit-breaker limit.
-    pub callouts_in_flight: Rc<Cell<u32>>,
+    pub callouts_in_flight: Arc<AtomicU32>,
     /// Circuit-breaker limit (max pending requests) for callouts.
     pub callout_limit: u32,
     /// The guest's memory and allocator.
@@ -169,15 +169,15 @@ pub struct VmInit {
     /// Seed for WASI randomness.
     pub seed: u64,
     /// Shared store.
-    pub shared: Rc<RefCell<Shared>>,
+    pub shared: Arc<Mutex<Shared>>,
     /// Faults.
-    pub faults: Rc<RefCell<Faults>>,
+    pub faults: Arc<Mutex<Faults>>,
     /// Log.
-    pub log: Rc<RefCell<Vec<LogLine>>>,
+    pub log: Arc<Mutex<Vec<LogLine>>>,
     /// Clusters.
-    pub clusters: Rc<Vec<Cluster>>,
+    pub clusters: Arc<Vec<Cluster>>,
     /// Callouts in flight.
-    pub callouts_in_flight: Rc<Cell<u32>>,
+    pub callouts_in_flight: Arc<AtomicU32>,
     /// Callout circuit breaker.
     pub callout_limit: u32,
 }
