@@ -97,6 +97,13 @@ pub struct SimConfig {
     pub vm_start_jitter: Nanos,
     /// Envoy's HCM `stream_idle_timeout` (0 = none).
     pub stream_idle_timeout: Nanos,
+    /// Chance that a VM is suspended at a preemption point inside a host call
+    /// (`proxy_get_shared_data`, `proxy_set_shared_data`, `proxy_enqueue_shared_queue`)
+    /// while another VM's pending callback runs, as two Envoy worker threads would
+    /// interleave. 0 = callbacks are atomic.
+    pub preempt_probability: f64,
+    /// Only events due within this much virtual time of a suspended callback run inside it.
+    pub preempt_window: Nanos,
 }
 
 impl SimConfig {
@@ -138,6 +145,8 @@ impl SimConfig {
             max_time: 3600 * SEC,
             vm_start_jitter: 500 * US,
             stream_idle_timeout: 300 * SEC,
+            preempt_probability: 0.0,
+            preempt_window: 100 * US,
         }
     }
 
@@ -162,6 +171,13 @@ impl SimConfig {
     /// With a failure policy.
     pub fn failure_policy(mut self, p: FailurePolicy) -> Self {
         self.failure_policy = p;
+        self
+    }
+
+    /// Suspending VMs inside shared-data host calls with probability `p` (see
+    /// [`SimConfig::preempt_probability`]).
+    pub fn preempt(mut self, p: f64) -> Self {
+        self.preempt_probability = p;
         self
     }
 
@@ -328,6 +344,77 @@ fn demangle_backtrace(text: &str) -> String {
     .into_owned()
 }
 
+/// The VMs; a slot is empty while its VM runs a (possibly suspended) callback.
+struct Vms(Vec<Option<Vm>>);
+
+impl std::ops::Index<usize> for Vms {
+    type Output = Vm;
+    fn index(&self, i: usize) -> &Vm {
+        self.0[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("VM {i} is suspended in a callback"))
+    }
+}
+
+impl std::ops::IndexMut<usize> for Vms {
+    fn index_mut(&mut self, i: usize) -> &mut Vm {
+        self.0[i]
+            .as_mut()
+            .unwrap_or_else(|| panic!("VM {i} is suspended in a callback"))
+    }
+}
+
+/// Which VM an event needs.
+enum Target {
+    Free,
+    Vm(usize),
+    All,
+}
+
+fn event_vm(
+    ev: &Ev,
+    streams: &[Stream],
+    upreqs: &HashMap<u64, UpReq>,
+    slot_vm: &[Option<usize>],
+) -> Target {
+    let of_slot = |slot: usize| {
+        slot_vm
+            .get(slot)
+            .copied()
+            .flatten()
+            .map_or(Target::Free, Target::Vm)
+    };
+    let of_stream = |rid: usize| {
+        let s = &streams[rid];
+        if s.started {
+            Target::Vm(s.vm)
+        } else {
+            of_slot(slot_of_worker(s.worker))
+        }
+    };
+    match ev {
+        Ev::VmStart { .. } | Ev::UpstreamWake { .. } => Target::Free,
+        Ev::Tick { vm, .. } | Ev::CalloutDone { vm, .. } | Ev::CalloutTimeout { vm, .. } => {
+            Target::Vm(*vm)
+        }
+        Ev::QueueReady { slot, .. } => of_slot(if *slot == SLOT_BASE { SLOT_MAIN } else { *slot }),
+        Ev::Headers { rid }
+        | Ev::Body { rid, .. }
+        | Ev::BodyEnd { rid }
+        | Ev::Disconnect { rid }
+        | Ev::ConnectFail { rid }
+        | Ev::IdleCheck { rid } => of_stream(*rid),
+        Ev::UpstreamArrive { uid } | Ev::Deliver { uid, .. } => {
+            match upreqs.get(uid).map(|u| &u.owner) {
+                Some(UpRef::Stream(sid)) => of_stream(*sid),
+                Some(UpRef::Callout { vm, .. }) => Target::Vm(*vm),
+                None => Target::Free,
+            }
+        }
+        Ev::Control { .. } => Target::All,
+    }
+}
+
 struct Endpoint {
     addr: String,
     upstream: Box<dyn Upstream>,
@@ -388,7 +475,10 @@ pub struct Sim {
     log: Arc<Mutex<Vec<LogLine>>>,
     clusters: Arc<Vec<Cluster>>,
     callouts_in_flight: Arc<AtomicU32>,
-    vms: Vec<Vm>,
+    vms: Vms,
+    busy: Vec<usize>,
+    yields: u64,
+    deferred_error: Option<anyhow::Error>,
     vm_slot: Vec<usize>,
     tick_state: Vec<(u32, u64)>,
     slot_vm: Vec<Option<usize>>,
@@ -438,7 +528,10 @@ impl Sim {
             log: Arc::default(),
             clusters,
             callouts_in_flight: Arc::default(),
-            vms: Vec::new(),
+            vms: Vms(Vec::new()),
+            busy: Vec::new(),
+            yields: 0,
+            deferred_error: None,
             vm_slot: Vec::new(),
             tick_state: Vec::new(),
             slot_vm: vec![None; slots],
@@ -517,7 +610,13 @@ impl Sim {
                 last_token_at: None,
                 finished_at: None,
             });
-            self.streams.push(Stream::default());
+            let worker = self
+                .conns
+                .worker(spec.connection, self.cfg.workers, &mut self.rng);
+            self.streams.push(Stream {
+                worker,
+                ..Stream::default()
+            });
             let lat = self.cfg.network.client.draw(&mut self.rng);
             self.push(spec.at + lat, Ev::Headers { rid });
             if let Some(after) = spec.disconnect_after {
@@ -543,13 +642,19 @@ impl Sim {
         lock(&self.faults).rules.push(fault);
     }
 
+    /// How many times a callback was suspended inside a host call so others could run.
+    pub fn yields(&self) -> u64 {
+        self.yields
+    }
+
+    /// Conditional shared-data writes refused because another VM wrote first.
+    pub fn cas_mismatches(&self) -> u64 {
+        lock(&self.shared).cas_mismatches
+    }
+
     /// How many times each injected fault fired, in the order they were added.
     pub fn faults_fired(&self) -> Vec<u64> {
-        lock(&self.faults)
-            .rules
-            .iter()
-            .map(Fault::fired)
-            .collect()
+        lock(&self.faults).rules.iter().map(Fault::fired).collect()
     }
 
     /// Adds an invariant checked after every event (when `check_invariants`) and at the end.
@@ -640,7 +745,7 @@ impl Sim {
 
     /// VMs created so far (including reloaded ones).
     pub fn vms_created(&self) -> usize {
-        self.vms.len()
+        self.vms.0.len()
     }
 
     /// Log lines of every VM.
@@ -713,27 +818,92 @@ impl Sim {
             let Some((t, ev)) = self.events.pop() else {
                 return Ok(());
             };
-            if !matches!(ev, Ev::Tick { .. } | Ev::IdleCheck { .. }) {
-                self.work_pending -= 1;
+            self.process(t, ev)?;
+        }
+    }
+
+    /// Handles one event with its bookkeeping: clock, trace, deferred completions,
+    /// invariants.
+    fn process(&mut self, t: Nanos, ev: Ev) -> Result<()> {
+        if !matches!(ev, Ev::Tick { .. } | Ev::IdleCheck { .. }) {
+            self.work_pending -= 1;
+        }
+        self.now = self.now.max(t);
+        self.events_processed += 1;
+        let (code, id) = ev.code();
+        self.hash.u64(t);
+        self.hash.u64(code);
+        self.hash.u64(id);
+        if self.cfg.record_trace || self.cfg.check_invariants {
+            self.current_event = ev.describe();
+            if self.cfg.record_trace {
+                let nested = if self.busy.is_empty() {
+                    ""
+                } else {
+                    " (inside a suspended callback)"
+                };
+                self.trace
+                    .push(format!("{t} {}{nested}", self.current_event));
             }
-            self.now = t;
-            self.events_processed += 1;
-            let (code, id) = ev.code();
-            self.hash.u64(t);
-            self.hash.u64(code);
-            self.hash.u64(id);
-            if self.cfg.record_trace || self.cfg.check_invariants {
-                self.current_event = ev.describe();
-                if self.cfg.record_trace {
-                    self.trace.push(format!("{t} {}", self.current_event));
+        }
+        self.handle(ev)?;
+        self.run_deferred();
+        if let Some(e) = self.deferred_error.take() {
+            return Err(e);
+        }
+        if self.cfg.check_invariants {
+            self.check_invariants();
+            if let Some(v) = self.violations.first() {
+                bail!("{v}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one callback, letting other VMs' due events run while it is suspended.
+    fn invoke(&mut self, vm: usize, cb: Callback) -> wasmtime::Result<i32> {
+        let Some(mut v) = self.vms.0[vm].take() else {
+            return Err(wasmtime::Error::msg(format!(
+                "VM {vm} re-entered while suspended"
+            )));
+        };
+        v.store.data_mut().preempt.enabled =
+            self.busy.is_empty() && self.cfg.preempt_probability > 0.0;
+        self.busy.push(vm);
+        let mut fut = Box::pin(v.invoke(cb));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let (v, r) = loop {
+            match std::future::Future::poll(fut.as_mut(), &mut cx) {
+                std::task::Poll::Ready(x) => break x,
+                std::task::Poll::Pending => {
+                    self.yields += 1;
+                    self.hash.u64(0x5EED_1E1D ^ vm as u64);
+                    self.run_concurrent();
                 }
             }
-            self.handle(ev)?;
-            self.run_deferred();
-            if self.cfg.check_invariants {
-                self.check_invariants();
-                if let Some(v) = self.violations.first() {
-                    bail!("{v}");
+        };
+        self.busy.pop();
+        self.vms.0[vm] = Some(v);
+        r
+    }
+
+    /// While a callback is suspended: run the next event due within the window that
+    /// does not need a busy VM (as another Envoy thread would meanwhile).
+    fn run_concurrent(&mut self) {
+        let until = self.now + self.cfg.preempt_window;
+        let busy = self.busy.clone();
+        let (streams, upreqs, slot_vm) = (&self.streams, &self.upreqs, &self.slot_vm);
+        let next =
+            self.events
+                .pop_matching(until, |ev| match event_vm(ev, streams, upreqs, slot_vm) {
+                    Target::Free => true,
+                    Target::Vm(v) => !busy.contains(&v),
+                    Target::All => false,
+                });
+        if let Some((t, ev)) = next {
+            if let Err(e) = self.process(t, ev) {
+                if self.deferred_error.is_none() {
+                    self.deferred_error = Some(e);
                 }
             }
         }
@@ -890,10 +1060,11 @@ impl Sim {
                 clusters: self.clusters.clone(),
                 callouts_in_flight: self.callouts_in_flight.clone(),
                 callout_limit: self.cfg.callout_limit,
+                preempt_probability: self.cfg.preempt_probability,
             },
         )?;
-        let idx = self.vms.len();
-        self.vms.push(vm);
+        let idx = self.vms.0.len();
+        self.vms.0.push(Some(vm));
         self.vm_slot.push(slot);
         self.tick_state.push((0, 0));
         self.slot_vm[slot] = Some(idx);
@@ -950,7 +1121,7 @@ impl Sim {
             h.current = ctx;
             h.effective = ctx;
         }
-        let r = self.vms[vm].invoke(cb);
+        let r = self.invoke(vm, cb);
         match r {
             Ok(ret) => {
                 let (effects, outgoing, period) = {
@@ -1127,7 +1298,9 @@ impl Sim {
         }
         let _ = self
             .callouts_in_flight
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
         if self.vms[vm].failed.is_some() {
             return;
         }
@@ -1135,7 +1308,7 @@ impl Sim {
         let (nh, nb) = (resp.headers.len() as u32, resp.body.len() as u32);
         self.vms[vm].store.data_mut().callout = Some(resp);
         self.call(vm, Callback::HttpCallResponse(root, token, nh, nb, 0));
-        if let Some(v) = self.vms.get_mut(vm) {
+        if let Some(Some(v)) = self.vms.0.get_mut(vm) {
             v.store.data_mut().callout = None;
         }
     }
@@ -1170,8 +1343,14 @@ impl Sim {
 
     // ----- streams: request path ----------------------------------------------------
 
-    fn http<'a>(vms: &'a mut [Vm], s: &Stream) -> Option<&'a mut HttpData> {
-        vms[s.vm].store.data_mut().streams.get_mut(&s.ctx)
+    fn http<'a>(vms: &'a mut Vms, s: &Stream) -> Option<&'a mut HttpData> {
+        vms.0
+            .get_mut(s.vm)?
+            .as_mut()?
+            .store
+            .data_mut()
+            .streams
+            .get_mut(&s.ctx)
     }
 
     /// Calls a stream callback; if the VM is dead, Envoy fails the stream (503).
@@ -1197,10 +1376,7 @@ impl Sim {
         if self.outcomes[rid].fin != Final::Pending {
             return Ok(()); // the client already gave up
         }
-        let workers = self.cfg.workers;
-        let worker = self
-            .conns
-            .worker(self.specs[rid].connection, workers, &mut self.rng);
+        let worker = self.streams[rid].worker;
         self.outcomes[rid].worker = Some(worker);
         let slot = slot_of_worker(worker);
         let mut vm = self.slot_vm[slot];
@@ -1943,12 +2119,18 @@ impl Sim {
     }
 
     fn run_deferred(&mut self) {
+        let mut held = Vec::new();
         while !self.deferred.is_empty() {
             let batch = std::mem::take(&mut self.deferred);
             for sid in batch {
-                self.complete(sid);
+                if self.busy.contains(&self.streams[sid].vm) {
+                    held.push(sid); // its VM is suspended: complete it when it is back
+                } else {
+                    self.complete(sid);
+                }
             }
         }
+        self.deferred = held;
     }
 
     fn complete(&mut self, sid: usize) {

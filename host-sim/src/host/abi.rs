@@ -207,13 +207,16 @@ pub fn linker(engine: &Engine, module: &Module) -> Result<Linker<HostState>> {
             bail!("unknown import {m}.{n} {ty:?}: host-sim does not implement it");
         };
         let name: &'static str = Box::leak(n.to_string().into_boxed_str());
-        linker.func_new(m, n, ty, move |mut caller, params, results| {
-            let st =
-                dispatch(imp, name, &mut caller, params).map_err(wasmtime::Error::from_anyhow)?;
-            if let Some(r) = results.first_mut() {
-                *r = Val::I32(st as i32);
-            }
-            Ok(())
+        linker.func_new_async(m, n, ty, move |mut caller, params, results| {
+            Box::new(async move {
+                let st = dispatch(imp, name, &mut caller, params)
+                    .await
+                    .map_err(wasmtime::Error::from_anyhow)?;
+                if let Some(r) = results.first_mut() {
+                    *r = Val::I32(st as i32);
+                }
+                Ok(())
+            })
         })?;
     }
     Ok(linker)
@@ -269,9 +272,40 @@ fn write_u32(c: C, ptr: u32, v: u32) -> Result<()> {
     write(c, ptr, &v.to_le_bytes())
 }
 
+/// Returns `Pending` once: the VM is suspended inside this host call, so that another
+/// VM's callback can run in between (see [`crate::sim::SimConfig::preempt_probability`]).
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            std::task::Poll::Ready(())
+        } else {
+            self.0 = true;
+            std::task::Poll::Pending
+        }
+    }
+}
+
+/// A preemption point: with the configured probability, suspend this VM here.
+async fn maybe_yield(c: C<'_, '_>) {
+    let yield_now = {
+        let p = &mut c.data_mut().preempt;
+        p.enabled && p.rng.unit() < p.probability
+    };
+    if yield_now {
+        c.data_mut().preempt.yields += 1;
+        YieldOnce(false).await;
+    }
+}
+
 /// Copies `bytes` into guest memory obtained from `proxy_on_memory_allocate` and writes
 /// its pointer and size at the out-pointers (0/0 for empty data, as Envoy does).
-fn give(c: C, bytes: &[u8], ptr_ptr: u32, size_ptr: u32) -> Result<()> {
+async fn give(c: C<'_, '_>, bytes: &[u8], ptr_ptr: u32, size_ptr: u32) -> Result<()> {
     let mut ptr = 0u32;
     if !bytes.is_empty() {
         let alloc = c
@@ -279,7 +313,7 @@ fn give(c: C, bytes: &[u8], ptr_ptr: u32, size_ptr: u32) -> Result<()> {
             .alloc
             .clone()
             .ok_or_else(|| anyhow!("no allocator"))?;
-        ptr = alloc.call(&mut *c, bytes.len() as i32)? as u32;
+        ptr = alloc.call_async(&mut *c, bytes.len() as i32).await? as u32;
         if ptr == 0 {
             bail!("proxy_on_memory_allocate({}) returned null", bytes.len());
         }
@@ -365,13 +399,16 @@ fn property(h: &HostState, path: &[&str]) -> Option<Vec<u8>> {
 }
 
 #[allow(clippy::too_many_lines)]
-fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
+async fn dispatch(imp: Imp, name: &'static str, c: C<'_, '_>, p: &[Val]) -> Result<u32> {
     {
         let h = c.data_mut();
         h.hostcalls += 1;
         let (slot, now) = (h.slot, h.now);
         let fault = {
-            let mut f = h.faults.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut f = h
+                .faults
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if f.rules.is_empty() {
                 None
             } else {
@@ -418,7 +455,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
                 return Ok(OK);
             }
             let bytes = buf[start as usize..(start + len) as usize].to_vec();
-            give(c, &bytes, arg(p, 3), arg(p, 4))?;
+            give(c, &bytes, arg(p, 3), arg(p, 4)).await?;
             Ok(OK)
         }
         Imp::SetBufferBytes => {
@@ -447,7 +484,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
                 Ok(MapRef::Empty) => serialize_pairs(&[]),
                 Err(s) => return Ok(s),
             };
-            give(c, &bytes, arg(p, 1), arg(p, 2))?;
+            give(c, &bytes, arg(p, 1), arg(p, 2)).await?;
             Ok(OK)
         }
         Imp::SetHeaderMapPairs => {
@@ -476,7 +513,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             };
             match value {
                 Some(v) => {
-                    give(c, v.as_bytes(), arg(p, 3), arg(p, 4))?;
+                    give(c, v.as_bytes(), arg(p, 3), arg(p, 4)).await?;
                     Ok(OK)
                 }
                 None => Ok(NOT_FOUND),
@@ -524,7 +561,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             let path: Vec<&str> = raw.split('\0').filter(|s| !s.is_empty()).collect();
             match property(c.data(), &path) {
                 Some(v) => {
-                    give(c, &v, arg(p, 2), arg(p, 3))?;
+                    give(c, &v, arg(p, 2), arg(p, 3)).await?;
                     Ok(OK)
                 }
                 None => Ok(NOT_FOUND),
@@ -549,16 +586,21 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             }
         }
         Imp::GetSharedData => {
+            maybe_yield(c).await;
             let key = read_str(c, arg(p, 0), arg(p, 1))?;
             let got = {
                 let h = c.data();
                 let vm_id = h.vm_id.clone();
-                let r = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&vm_id, &key);
+                let r = h
+                    .shared
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(&vm_id, &key);
                 r
             };
             match got {
                 Some((v, cas)) => {
-                    give(c, &v, arg(p, 2), arg(p, 3))?;
+                    give(c, &v, arg(p, 2), arg(p, 3)).await?;
                     write_u32(c, arg(p, 4), cas)?;
                     Ok(OK)
                 }
@@ -566,11 +608,16 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             }
         }
         Imp::SetSharedData => {
+            maybe_yield(c).await;
             let key = read_str(c, arg(p, 0), arg(p, 1))?;
             let value = read(c, arg(p, 2), arg(p, 3))?;
             let cas = arg(p, 4);
             let h = c.data();
-            let r = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set(&h.vm_id, &key, &value, cas);
+            let r = h
+                .shared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .set(&h.vm_id, &key, &value, cas);
             Ok(match r {
                 SetResult::Ok => OK,
                 SetResult::CasMismatch => CAS_MISMATCH,
@@ -584,7 +631,11 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
                     slot: h.slot,
                     root: h.root_id,
                 };
-                let t = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).register_queue(&h.vm_id, &name, owner);
+                let t = h
+                    .shared
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .register_queue(&h.vm_id, &name, owner);
                 t
             };
             write_u32(c, arg(p, 2), token)?;
@@ -600,7 +651,11 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
                 } else {
                     vm_id
                 };
-                let t = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).resolve_queue(&vm_id, &name);
+                let t = h
+                    .shared
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .resolve_queue(&vm_id, &name);
                 t
             };
             match token {
@@ -612,10 +667,15 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             }
         }
         Imp::EnqueueSharedQueue => {
+            maybe_yield(c).await;
             let token = arg(p, 0);
             let value = read(c, arg(p, 1), arg(p, 2))?;
             let h = c.data_mut();
-            let owner = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).enqueue(token, &value);
+            let owner = h
+                .shared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .enqueue(token, &value);
             match owner {
                 Some(o) => {
                     h.outgoing.push(Outgoing::QueueReady {
@@ -630,12 +690,17 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
         }
         Imp::DequeueSharedQueue => {
             let token = arg(p, 0);
-            let r = c.data().shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).dequeue(token);
+            let r = c
+                .data()
+                .shared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .dequeue(token);
             match r {
                 Err(()) => Ok(NOT_FOUND),
                 Ok(None) => Ok(EMPTY),
                 Ok(Some(v)) => {
-                    give(c, &v, arg(p, 1), arg(p, 2))?;
+                    give(c, &v, arg(p, 1), arg(p, 2)).await?;
                     Ok(OK)
                 }
             }
@@ -739,7 +804,7 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             let fname = read_str(c, arg(p, 0), arg(p, 1))?;
             match fname.as_str() {
                 "clear_route_cache" => {
-                    give(c, &[], arg(p, 4), arg(p, 5))?;
+                    give(c, &[], arg(p, 4), arg(p, 5)).await?;
                     Ok(OK)
                 }
                 _ => Ok(NOT_FOUND),
@@ -756,7 +821,10 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             let full = format!("wasmcustom.{name}");
             let id = {
                 let h = c.data_mut();
-                h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).define_stat(&full, kind);
+                h.shared
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .define_stat(&full, kind);
                 h.new_metric_id(kind, full)
             };
             write_u32(c, arg(p, 3), id)?;
@@ -769,7 +837,10 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
             let Some((name, kind)) = h.metric_ids.get(&id) else {
                 return Ok(NOT_FOUND);
             };
-            let mut shared = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut shared = h
+                .shared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let Some(stat) = shared.stat_mut(name) else {
                 return Ok(NOT_FOUND);
             };
@@ -807,7 +878,10 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
                 if *kind == MetricKind::Histogram {
                     return Ok(BAD_ARGUMENT);
                 }
-                let shared = h.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let shared = h
+                    .shared
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 shared.stats.get(name).map_or(0, |s| s.value)
             };
             write(c, arg(p, 1), &value.to_le_bytes())?;
@@ -851,7 +925,10 @@ fn dispatch(imp: Imp, name: &'static str, c: C, p: &[Val]) -> Result<u32> {
 }
 
 fn push_log(h: &HostState, level: u32, message: String) {
-    let mut log = h.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut log = h
+        .log
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if log.len() < 200_000 {
         log.push(LogLine {
             at: h.now,

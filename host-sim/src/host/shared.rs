@@ -60,6 +60,8 @@ pub struct Shared {
     pub stats: BTreeMap<String, Stat>,
     /// Process-wide shared-data operations, for curiosity and benchmarks.
     pub data_ops: u64,
+    /// Conditional writes refused because another write came first.
+    pub cas_mismatches: u64,
 }
 
 /// Result of a shared-data write.
@@ -105,6 +107,7 @@ impl Shared {
         match self.data.get_mut(&k) {
             Some(entry) => {
                 if cas != 0 && cas != entry.1 {
+                    self.cas_mismatches += 1;
                     return SetResult::CasMismatch;
                 }
                 *entry = (value.to_vec(), token);

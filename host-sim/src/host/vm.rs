@@ -69,6 +69,31 @@ pub struct CalloutResponse {
     pub body: Vec<u8>,
 }
 
+/// Preemption inside host calls (suspend a VM mid-callback so another runs).
+#[derive(Debug, Clone)]
+pub struct Preempt {
+    /// Whether the current callback may be suspended.
+    pub enabled: bool,
+    /// Chance of suspending at each preemption point.
+    pub probability: f64,
+    /// Seeded source of those choices.
+    pub rng: Rng,
+    /// Suspensions so far.
+    pub yields: u64,
+}
+
+/// Runs a future that waits on nothing external to completion (polling again when a VM
+/// suspends itself with nobody to switch to).
+pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
+
 /// Everything the imports of one VM work on.
 pub struct HostState {
     /// Thread slot (0 base, 1 main thread, 2.. workers).
@@ -128,6 +153,8 @@ pub struct HostState {
     pub alloc: Option<TypedFunc<i32, i32>>,
     /// Host calls made by this VM.
     pub hostcalls: u64,
+    /// Preemption state.
+    pub preempt: Preempt,
 }
 
 impl HostState {
@@ -180,6 +207,8 @@ pub struct VmInit {
     pub callouts_in_flight: Arc<AtomicU32>,
     /// Callout circuit breaker.
     pub callout_limit: u32,
+    /// Chance of suspending at each preemption point.
+    pub preempt_probability: f64,
 }
 
 /// A callback into the filter (the ABI 0.2.1 exports).
@@ -342,9 +371,15 @@ impl Vm {
             memory: None,
             alloc: None,
             hostcalls: 0,
+            preempt: Preempt {
+                enabled: false,
+                probability: init.preempt_probability,
+                rng: Rng::new(init.seed, 78),
+                yields: 0,
+            },
         };
         let mut store = Store::new(engine, state);
-        let instance: Instance = linker.instantiate(&mut store, module)?;
+        let instance: Instance = block_on(linker.instantiate_async(&mut store, module))?;
         let memory = instance
             .get_memory(&mut store, "memory")
             .ok_or_else(|| anyhow::anyhow!("the module exports no `memory`"))?;
@@ -376,7 +411,7 @@ impl Vm {
         };
         for init_name in ["_initialize", "_start"] {
             if let Ok(f) = instance.get_typed_func::<(), ()>(&mut store, init_name) {
-                f.call(&mut store, ())?;
+                block_on(f.call_async(&mut store, ()))?;
                 break;
             }
         }
@@ -389,56 +424,63 @@ impl Vm {
 
     /// Runs one callback (no effects processing: see the world). Returns the export's
     /// return value (0 for exports without one).
-    pub fn invoke(&mut self, cb: Callback) -> wasmtime::Result<i32> {
+    pub async fn invoke(mut self, cb: Callback) -> (Vm, wasmtime::Result<i32>) {
+        let r = self.invoke_ref(cb).await;
+        (self, r)
+    }
+
+    async fn invoke_ref(&mut self, cb: Callback) -> wasmtime::Result<i32> {
         let s = &mut self.store;
         let b = |x: bool| i32::from(x);
         let i = |x: u32| x as i32;
         let e = &self.exports;
         match cb {
-            Callback::ContextCreate(c, p) => call0(&e.context_create, s, (i(c), i(p))),
-            Callback::VmStart(c, n) => call1(&e.vm_start, s, (i(c), i(n)), 1),
-            Callback::Configure(c, n) => call1(&e.configure, s, (i(c), i(n)), 1),
-            Callback::Tick(c) => call0(&e.tick, s, i(c)),
-            Callback::QueueReady(c, t) => call0(&e.queue_ready, s, (i(c), i(t))),
+            Callback::ContextCreate(c, p) => call0(&e.context_create, s, (i(c), i(p))).await,
+            Callback::VmStart(c, n) => call1(&e.vm_start, s, (i(c), i(n)), 1).await,
+            Callback::Configure(c, n) => call1(&e.configure, s, (i(c), i(n)), 1).await,
+            Callback::Tick(c) => call0(&e.tick, s, i(c)).await,
+            Callback::QueueReady(c, t) => call0(&e.queue_ready, s, (i(c), i(t))).await,
             Callback::RequestHeaders(c, n, eos) => {
-                call1(&e.request_headers, s, (i(c), i(n), b(eos)), 0)
+                call1(&e.request_headers, s, (i(c), i(n), b(eos)), 0).await
             }
-            Callback::RequestBody(c, n, eos) => call1(&e.request_body, s, (i(c), i(n), b(eos)), 0),
+            Callback::RequestBody(c, n, eos) => {
+                call1(&e.request_body, s, (i(c), i(n), b(eos)), 0).await
+            }
             Callback::ResponseHeaders(c, n, eos) => {
-                call1(&e.response_headers, s, (i(c), i(n), b(eos)), 0)
+                call1(&e.response_headers, s, (i(c), i(n), b(eos)), 0).await
             }
             Callback::ResponseBody(c, n, eos) => {
-                call1(&e.response_body, s, (i(c), i(n), b(eos)), 0)
+                call1(&e.response_body, s, (i(c), i(n), b(eos)), 0).await
             }
-            Callback::Log(c) => call0(&e.log, s, i(c)),
-            Callback::Done(c) => call1(&e.done, s, i(c), 1),
-            Callback::Delete(c) => call0(&e.delete, s, i(c)),
+            Callback::Log(c) => call0(&e.log, s, i(c)).await,
+            Callback::Done(c) => call1(&e.done, s, i(c), 1).await,
+            Callback::Delete(c) => call0(&e.delete, s, i(c)).await,
             Callback::HttpCallResponse(c, t, h, bsz, tr) => {
-                call0(&e.http_call_response, s, (i(c), i(t), i(h), i(bsz), i(tr)))
+                call0(&e.http_call_response, s, (i(c), i(t), i(h), i(bsz), i(tr))).await
             }
         }
     }
 }
 
-fn call0<P: wasmtime::WasmParams>(
+async fn call0<P: wasmtime::WasmParams + Sync>(
     f: &Option<TypedFunc<P, ()>>,
     s: &mut Store<HostState>,
     p: P,
 ) -> wasmtime::Result<i32> {
     match f {
-        Some(f) => f.call(s, p).map(|()| 0),
+        Some(f) => f.call_async(s, p).await.map(|()| 0),
         None => Ok(0),
     }
 }
 
-fn call1<P: wasmtime::WasmParams>(
+async fn call1<P: wasmtime::WasmParams + Sync>(
     f: &Option<TypedFunc<P, i32>>,
     s: &mut Store<HostState>,
     p: P,
     default: i32,
 ) -> wasmtime::Result<i32> {
     match f {
-        Some(f) => f.call(s, p),
+        Some(f) => f.call_async(s, p).await,
         None => Ok(default),
     }
 }

@@ -49,6 +49,36 @@ impl<E> EventQueue<E> {
         Some((at, e))
     }
 
+    /// The earliest event at or before `until` for which `eligible` holds; the others keep
+    /// their places.
+    pub fn pop_matching(
+        &mut self,
+        until: Nanos,
+        mut eligible: impl FnMut(&E) -> bool,
+    ) -> Option<(Nanos, E)> {
+        let mut skipped = Vec::new();
+        let mut found = None;
+        while let Some(Reverse(key)) = self.heap.peek().copied() {
+            if key.0 > until {
+                break;
+            }
+            self.heap.pop();
+            let ok = self.slots[key.3].as_ref().is_some_and(&mut eligible);
+            if ok {
+                found = Some(key);
+                break;
+            }
+            skipped.push(key);
+        }
+        for key in skipped {
+            self.heap.push(Reverse(key));
+        }
+        let (at, _, _, slot) = found?;
+        let e = self.slots[slot].take()?;
+        self.free.push(slot);
+        Some((at, e))
+    }
+
     /// Time of the earliest event.
     pub fn peek_time(&self) -> Option<Nanos> {
         self.heap.peek().map(|Reverse((t, ..))| *t)
