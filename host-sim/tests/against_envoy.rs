@@ -298,3 +298,59 @@ fn a_client_that_disconnects_mid_request_is_released_in_envoy_and_in_host_sim() 
         "host-sim"
     );
 }
+
+#[test]
+fn concurrent_requests_are_spread_the_same_way_in_envoy_and_in_host_sim() {
+    // Twelve requests in flight together over three servers: whichever worker picks,
+    // least-in-flight across workers gives each server exactly four.
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start(Duration::from_millis(800)))
+        .collect();
+    let eps: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
+    let ep_refs: Vec<&str> = eps.iter().map(String::as_str).collect();
+    let envoy = Envoy::start(&json!({}), &ep_refs, 2);
+    let body = json!({"model": MODEL, "prompt": "p", "max_tokens": 1}).to_string();
+    let served: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..12)
+            .map(|_| {
+                let (listen, body) = (&envoy.listen, &body);
+                s.spawn(move || {
+                    let r = http::post_json(listen, "/v1/completions", body).unwrap();
+                    assert_eq!(r.status, 200);
+                    r.header("x-sim-server").unwrap().to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let count = |list: &[String]| {
+        let mut c: Vec<usize> = eps
+            .iter()
+            .map(|e| list.iter().filter(|s| *s == e).count())
+            .collect();
+        c.sort_unstable();
+        c
+    };
+    assert_eq!(count(&served), vec![4, 4, 4], "Envoy: {served:?}");
+
+    let config = json!({"pool": {"endpoints": eps}}).to_string();
+    let mut sim = Sim::new(SimConfig::new(&config).workers(2).preempt(0.5)).unwrap();
+    for e in &eps {
+        sim.add_endpoint(e, Box::new(SimpleUpstream::new(e).ttft(ms(800))));
+    }
+    sim.add_invariant(common::within_ledger());
+    sim.add_requests(
+        (0..12).map(|i| RequestSpec::post("/v1/completions", body.clone()).at(ms(10) + i * 20_000)),
+    );
+    sim.run().unwrap();
+    let sim_served: Vec<String> = sim
+        .outcomes()
+        .iter()
+        .map(|o| o.header("x-sim-server").unwrap().to_string())
+        .collect();
+    assert_eq!(
+        count(&sim_served),
+        vec![4, 4, 4],
+        "host-sim: {sim_served:?}"
+    );
+}
