@@ -209,7 +209,8 @@ def table(headers, rows):
 
 def publish(title, command, load_before, body, notes, append=True):
     rev = git("rev-parse", "--short=12", "HEAD")
-    if git("status", "--porcelain", "--untracked-files=no"):
+    # BENCHMARKS.md itself changes with every entry; anything else is worth saying.
+    if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)BENCHMARKS.md"):
         rev += " (with uncommitted changes)"
     head = [
         f"### {title}",
@@ -301,7 +302,7 @@ def overhead(a, procs, command):
             for s in order:
                 rec = os.path.join(rdir, f"{rnd}-{ph}-{s.replace(' ', '_')}.jsonl")
                 args = ["--url", sides[s]["url"], *sides[s]["extra"], *shape, *ph_args,
-                        "--duration", f"{a.seconds}s", "--timeout", "10s", "--warmup", "50",
+                        "--duration", f"{a.seconds}s", "--timeout", "10s", "--warmup", "20",
                         "--seed", str(rnd + 1), "--records", rec]
                 if ph == "sat":
                     args += ["--threads", "1"]
@@ -357,7 +358,7 @@ def overhead(a, procs, command):
     notes = [
         f"Setup: {a.servers} × `vllm-sim {' '.join(sim_args)}`; Envoy 1.40 `--concurrency {a.workers}`; "
         f"{a.rounds} rounds × {len(phases)} phases × {len(names)} sides, {a.seconds:g} s each, sides alternating "
-        "(rotated order each round), 50 warm-up requests before each measurement, percentiles over the pooled "
+        "(rotated order each round), 20 warm-up requests before each measurement, percentiles over the pooled "
         "requests of all rounds. Requests: `/v1/completions`, 80-token prompts (8 groups × 8), 16 output "
         "tokens; `loadgen` keep-alive with TCP_NODELAY, one client thread.",
         "`envoy` is the same bootstrap as `envoy+filter` without the Wasm filter (ORIGINAL_DST; loadgen names "
@@ -543,7 +544,7 @@ def main():
     p.add_argument("--output-len", default="64")
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--kv-blocks", type=int, default=1024)
-    p.add_argument("--warmup", type=float, default=20)
+    p.add_argument("--warmup", type=float, default=15)
     # sched
     p.add_argument("--warm-up-time", type=float, default=1)
     p.add_argument("--measurement-time", type=float, default=2)
