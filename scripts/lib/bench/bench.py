@@ -133,6 +133,10 @@ def start_envoy(procs, kind, endpoints, workers, tag="envoy"):
     boot = os.path.join(d, "bootstrap.yaml")
     with open(boot, "w") as f:
         f.write(text)
+    # The header the ORIGINAL_DST `pool` cluster routes on (for the plain-Envoy side,
+    # where the client names the endpoint itself).
+    m = re.search(r"name: pool\n(?:    .*\n)*?    original_dst_lb_config: \{[^}]*http_header_name: ([\w-]+)", text)
+    header = m.group(1) if m else "x-gateway-destination-endpoint"
     admin_path = os.path.join(d, "admin-address")
     p = procs.start(tag, [ENVOY, "-c", boot, "--concurrency", str(workers), "--disable-hot-restart",
                           "--admin-address-path", admin_path, "-l", "warning",
@@ -145,7 +149,7 @@ def start_envoy(procs, kind, endpoints, workers, tag="envoy"):
     admin = wait_for(f"envoy ({kind})", ready, p, 60)
     listeners = json.loads(http_get(f"http://{admin}/listeners?format=json")[1])
     port = listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
-    return f"127.0.0.1:{port}", admin
+    return f"127.0.0.1:{port}", header
 
 
 def start_sglang(procs, policy, endpoints, tag="sglang"):
@@ -276,8 +280,8 @@ def overhead(a, procs, command):
     sims = start_sims(procs, a.servers, sim_args)
     sides = {}
     sides["direct"] = {"url": ",".join(sims), "extra": []}
-    url, _ = start_envoy(procs, "nofilter", sims, a.workers, "envoy-nofilter")
-    sides["envoy"] = {"url": url, "extra": ["--destinations", ",".join(sims)]}
+    url, header = start_envoy(procs, "nofilter", sims, a.workers, "envoy-nofilter")
+    sides["envoy"] = {"url": url, "extra": ["--destinations", ",".join(sims), "--destination-header", header]}
     url, _ = start_envoy(procs, "filter", sims, a.workers, "envoy-filter")
     sides["envoy+filter"] = {"url": url, "extra": []}
     if not a.no_sglang:

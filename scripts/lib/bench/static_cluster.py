@@ -17,14 +17,22 @@ def main():
     p.add_argument("--lb-policy", required=True)
     p.add_argument("--endpoints", required=True, help="comma-separated ip:port list")
     a = p.parse_args()
-    text = sys.stdin.read()
-    marker = "\n  clusters:\n"
-    i = text.find(marker)
-    if i < 0 or "type: ORIGINAL_DST" not in text[i:]:
-        sys.exit("static_cluster.py: the rendered bootstrap no longer ends with the ORIGINAL_DST `pool` "
-                 "cluster; update scripts/lib/bench/static_cluster.py")
+    lines = sys.stdin.read().splitlines(keepends=True)
+    # The `pool` cluster block: its `- name: pool` line and the more-indented lines after it.
+    try:
+        first = next(n for n, l in enumerate(lines) if l.rstrip() == "  - name: pool")
+    except StopIteration:
+        sys.exit("static_cluster.py: no `  - name: pool` cluster in the rendered bootstrap; "
+                 "update scripts/lib/bench/static_cluster.py")
+    last = first + 1
+    while last < len(lines) and (lines[last].startswith("    ") or not lines[last].strip()):
+        last += 1
+    block = "".join(lines[first:last])
+    if "type: ORIGINAL_DST" not in block:
+        sys.exit("static_cluster.py: the `pool` cluster is no longer ORIGINAL_DST; "
+                 "update scripts/lib/bench/static_cluster.py")
     breakers = ""
-    for line in text[i:].splitlines():
+    for line in block.splitlines():
         if line.strip().startswith("thresholds:"):
             breakers = "    circuit_breakers:\n" + line + "\n"
     eps = []
@@ -43,7 +51,7 @@ def main():
         "      - lb_endpoints:\n"
         + "\n".join(eps) + "\n"
     )
-    sys.stdout.write(text[:i] + marker + cluster)
+    sys.stdout.write("".join(lines[:first]) + cluster + "".join(lines[last:]))
 
 
 if __name__ == "__main__":

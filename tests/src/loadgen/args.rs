@@ -17,6 +17,7 @@ Target:
   --model NAME                 [sim-model]
   --destinations A[,B...]      set x-gateway-destination-endpoint, round-robin (for a
                                plain Envoy with the ORIGINAL_DST cluster)
+  --destination-header NAME    header for --destinations [x-gateway-destination-endpoint]
   --header NAME:VALUE          extra request header (repeatable)
   --new-connection             one connection per request (default: keep-alive pool)
 Load:
@@ -63,6 +64,7 @@ pub enum Load {
 pub struct Config {
     pub targets: Vec<String>,
     pub destinations: Vec<String>,
+    pub destination_header: String,
     pub headers: Vec<(String, String)>,
     pub keep_alive: bool,
     pub load: Load,
@@ -85,6 +87,7 @@ impl Default for Config {
         Config {
             targets: Vec::new(),
             destinations: Vec::new(),
+            destination_header: "x-gateway-destination-endpoint".into(),
             headers: Vec::new(),
             keep_alive: true,
             load: Load::Closed { concurrency: 1 },
@@ -197,6 +200,7 @@ where
             }
             "model" => c.spec.model = v.to_string(),
             "destinations" => c.destinations = list(v),
+            "destination-header" => c.destination_header = v.trim().to_string(),
             "header" => {
                 let (k, val) = v
                     .split_once(':')
@@ -297,6 +301,10 @@ mod tests {
             "--new-connection",
             "--zipf",
             "1.2",
+            "--destinations",
+            "a:1,b:2",
+            "--destination-header",
+            "x-primary",
         ]);
         assert_eq!(c.targets, vec!["127.0.0.1:1", "http://127.0.0.1:2/"]);
         assert_eq!(c.load, Load::Open { qps: 2.5 });
@@ -320,6 +328,8 @@ mod tests {
         assert_eq!(c.headers, vec![("x-a".to_string(), "b".to_string())]);
         assert!(!c.keep_alive);
         assert_eq!(c.spec.zipf, 1.2);
+        assert_eq!(c.destinations, vec!["a:1", "b:2"]);
+        assert_eq!(c.destination_header, "x-primary");
     }
 
     #[test]
@@ -327,6 +337,7 @@ mod tests {
         let c = run(&["--url", "h:1"]);
         assert_eq!(c.load, Load::Closed { concurrency: 1 });
         assert!(c.keep_alive && c.spec.stream);
+        assert_eq!(c.destination_header, "x-gateway-destination-endpoint");
         assert_eq!(c.duration, Duration::from_secs(30));
         let c = run(&["--url", "h:1", "--concurrency", "16"]);
         assert_eq!(c.load, Load::Closed { concurrency: 16 });

@@ -13,9 +13,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Header the plain Envoy bootstrap (ORIGINAL_DST cluster) routes on.
-pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
-
 struct Shared {
     config: Config,
     client: Client,
@@ -33,7 +30,7 @@ async fn one(shared: &Shared, req: Request, scheduled: Duration) -> Record {
     let mut headers = c.headers.clone();
     if !c.destinations.is_empty() {
         let d = &c.destinations[(req.index % c.destinations.len() as u64) as usize];
-        headers.push((DESTINATION_HEADER.into(), d.clone()));
+        headers.push((c.destination_header.clone(), d.clone()));
     }
     if let Some(t) = &req.tenant {
         headers.push((FAIRNESS_HEADER.into(), t.clone()));
