@@ -117,13 +117,14 @@ def start_sims(procs, n, args, tag="sim"):
     return addrs
 
 
-def start_envoy(procs, kind, endpoints, workers, tag="envoy"):
-    """kind: filter | nofilter (ORIGINAL_DST, client names the endpoint) | ROUND_ROBIN | LEAST_REQUEST."""
+def start_envoy(procs, kind, endpoints, workers, tag="envoy", render=RENDER, wasm=WASM):
+    """kind: filter | nofilter (ORIGINAL_DST, client names the endpoint) | ROUND_ROBIN | LEAST_REQUEST.
+    `render` and `wasm` may name another checkout's renderer and build (a candidate)."""
     d = tempfile.mkdtemp(prefix=f"{tag}-", dir=procs.workdir)
     cfg = os.path.join(d, "filter.json")
     with open(cfg, "w") as f:
         f.write("{}")
-    cmd = [sys.executable, RENDER, "--wasm", WASM, "--config", cfg, "--endpoints", ",".join(endpoints)]
+    cmd = [sys.executable, render, "--wasm", wasm, "--config", cfg, "--endpoints", ",".join(endpoints)]
     if kind != "filter":
         cmd.append("--no-filter")
     text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -164,6 +165,24 @@ def start_sglang(procs, policy, endpoints, tag="sglang"):
         return len(healthy) == len(endpoints)
     wait_for(f"sglang-router ({policy})", ready, p, 60)
     return f"127.0.0.1:{port}"
+
+
+def candidate(a):
+    """(render.py, .wasm) of --candidate DIR, or None."""
+    if not a.candidate:
+        return None
+    render = os.path.join(a.candidate, "scripts/lib/render.py")
+    wasm = a.candidate_wasm or os.path.join(a.candidate, "target/wasm32-wasip1/release/epp_filter.wasm")
+    for f in (render, wasm):
+        if not os.path.exists(f):
+            raise SystemExit(f"bench: --candidate: {f} is missing (build the candidate's filter first)")
+    return render, wasm
+
+
+def candidate_note(a):
+    return (f"`filter (candidate)` = the filter of another checkout, `{os.path.relpath(a.candidate, ROOT)}`"
+            + (f" ({a.candidate_label})" if a.candidate_label else "")
+            + ", with its own `scripts/lib/render.py` bootstrap and its default configuration.")
 
 
 def loadgen(args, label, limit):
@@ -284,6 +303,10 @@ def overhead(a, procs, command):
     sides["envoy"] = {"url": url, "extra": ["--destinations", ",".join(sims), "--destination-header", header]}
     url, _ = start_envoy(procs, "filter", sims, a.workers, "envoy-filter")
     sides["envoy+filter"] = {"url": url, "extra": []}
+    cand = candidate(a)
+    if cand:
+        url, _ = start_envoy(procs, "filter", sims, a.workers, "envoy-candidate", *cand)
+        sides["envoy+filter (candidate)"] = {"url": url, "extra": []}
     if not a.no_sglang:
         for pol in ("cache_aware", "round_robin"):
             sides[f"sglang {pol}"] = {"url": start_sglang(procs, pol, sims, f"sglang-{pol}"), "extra": []}
@@ -371,6 +394,8 @@ def overhead(a, procs, command):
         "request. Baseline TTFT p50 direct: " + fmt(base_ttft[0], 3) + " ms, envoy: " + fmt(env_ttft[0], 3) + " ms.",
         "\n".join(f"- {r}" for r in ratios),
     ]
+    if cand:
+        notes.append(candidate_note(a))
     publish("Overhead: added latency and saturation throughput", command, load_before, body, notes, not a.no_append)
 
 
@@ -389,11 +414,16 @@ def quality(a, procs, command):
                  ("sglang cache_aware", "sglang", "cache_aware"), ("filter (default)", "envoy", "filter")]
     if a.no_sglang:
         side_defs = [s for s in side_defs if s[1] != "sglang"]
+    cand = candidate(a)
+    if cand:
+        side_defs.append(("filter (candidate)", "candidate", "filter"))
     sides = {}
     for name, kind, arg in side_defs:
-        sims = start_sims(procs, a.servers, sim_args, f"q-{arg}-sim")
+        sims = start_sims(procs, a.servers, sim_args, f"q-{kind}-{arg}-sim")
         if kind == "envoy":
             url, _ = start_envoy(procs, arg, sims, a.workers, f"q-envoy-{arg}")
+        elif kind == "candidate":
+            url, _ = start_envoy(procs, "filter", sims, a.workers, "q-envoy-candidate", *cand)
         else:
             url = start_sglang(procs, arg, sims, f"q-sglang-{arg}")
         sides[name] = {"url": url, "sims": sims}
@@ -457,6 +487,8 @@ def quality(a, procs, command):
         "Virtual-time runs at larger scale (16+ servers, higher QPS) through host-sim: not run, host-sim is "
         "not available yet.",
     ]
+    if cand:
+        notes.append(candidate_note(a))
     publish("Routing quality: shared-prefix workload, real time through Envoy", command, load_before, body, notes,
             not a.no_append)
 
@@ -534,6 +566,9 @@ def main():
     p.add_argument("--no-append", action="store_true")
     p.add_argument("--no-sglang", action="store_true")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--candidate", help="another checkout: adds a side with its filter (its render.py and .wasm)")
+    p.add_argument("--candidate-label", default="", help="what the candidate is (recorded with the table)")
+    p.add_argument("--candidate-wasm", help="the candidate's .wasm [DIR/target/wasm32-wasip1/release/epp_filter.wasm]")
     p.add_argument("--servers", type=int)
     p.add_argument("--seconds", type=float)
     # overhead
