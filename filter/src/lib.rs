@@ -13,6 +13,7 @@
 pub mod config;
 pub mod datalayer;
 pub mod errors;
+pub mod flow_control;
 pub mod inflight;
 pub mod metrics;
 pub mod openai;

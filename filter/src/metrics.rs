@@ -149,6 +149,64 @@ pub const COMMIT: &str = env!("CARGO_PKG_VERSION");
 /// The build reference (metric label `build_ref`).
 pub const BUILD_REF: &str = concat!("epp-filter-", env!("CARGO_PKG_VERSION"));
 
+/// Labels of the flow-control queue gauges.
+const QUEUE_LABELS: &[&str] = &[
+    "fairness_id",
+    "priority",
+    "inference_pool",
+    "model_name",
+    "target_model_name",
+];
+
+/// Requests parked by flow control, by flow.
+pub const FLOW_QUEUE_SIZE: Metric = Metric {
+    name: "inference_extension_flow_control_queue_size",
+    kind: Kind::Gauge,
+    labels: QUEUE_LABELS,
+};
+
+/// Body bytes of the requests parked by flow control, by flow.
+pub const FLOW_QUEUE_BYTES: Metric = Metric {
+    name: "inference_extension_flow_control_queue_bytes",
+    kind: Kind::Gauge,
+    labels: QUEUE_LABELS,
+};
+
+/// Time from entering flow control to the final outcome (recorded in microseconds).
+pub const FLOW_QUEUE_DURATION: Metric = Metric {
+    name: "inference_extension_flow_control_request_queue_duration_seconds",
+    kind: Kind::Histogram,
+    labels: &[
+        "fairness_id",
+        "priority",
+        "outcome",
+        "inference_pool",
+        "model_name",
+        "target_model_name",
+    ],
+};
+
+/// Time the admission decision took (recorded in microseconds).
+pub const FLOW_ENQUEUE_DURATION: Metric = Metric {
+    name: "inference_extension_flow_control_request_enqueue_duration_seconds",
+    kind: Kind::Histogram,
+    labels: &["fairness_id", "priority", "outcome"],
+};
+
+/// Time one dispatch cycle took (recorded in microseconds).
+pub const FLOW_DISPATCH_CYCLE_DURATION: Metric = Metric {
+    name: "inference_extension_flow_control_dispatch_cycle_duration_seconds",
+    kind: Kind::Histogram,
+    labels: &[],
+};
+
+/// The saturation detector's value at the last dispatch cycle (recorded in thousandths).
+pub const FLOW_POOL_SATURATION: Metric = Metric {
+    name: "inference_extension_flow_control_pool_saturation",
+    kind: Kind::Gauge,
+    labels: &["inference_pool"],
+};
+
 /// Every metric the filter defines.
 pub const ALL: &[Metric] = &[
     SCHEDULER_ATTEMPTS,
@@ -166,6 +224,12 @@ pub const ALL: &[Metric] = &[
     PREFIX_INDEXER_HIT_RATIO,
     PREFIX_INDEXER_HIT_BYTES,
     INFO,
+    FLOW_QUEUE_SIZE,
+    FLOW_QUEUE_BYTES,
+    FLOW_QUEUE_DURATION,
+    FLOW_ENQUEUE_DURATION,
+    FLOW_DISPATCH_CYCLE_DURATION,
+    FLOW_POOL_SATURATION,
 ];
 
 impl Metric {

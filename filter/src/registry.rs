@@ -339,7 +339,14 @@ fn build_plugin(p: &PluginSpec, path: &str) -> Result<Built, ConfigError> {
                 "kvCacheUtilThreshold",
                 "metricsStalenessThreshold",
                 "headroom",
+                "stalenessPolicy",
             ])?;
+            // The flow-control layer owns the detector's full parameter set; check it too.
+            crate::flow_control::saturation::Detector::from_plugin(
+                &p.type_name,
+                &p.parameters,
+                path,
+            )?;
             let kv = params.f64("kvCacheUtilThreshold", 0.8)?;
             if kv <= 0.0 || kv > 1.0 {
                 return Err(err(
@@ -370,6 +377,11 @@ fn build_plugin(p: &PluginSpec, path: &str) -> Result<Built, ConfigError> {
                 "maxTokenConcurrency",
                 "headroom",
             ])?;
+            crate::flow_control::saturation::Detector::from_plugin(
+                &p.type_name,
+                &p.parameters,
+                path,
+            )?;
             let mode = params.string("concurrencyMode", "requests")?;
             let tokens = match mode.as_str() {
                 "requests" => false,

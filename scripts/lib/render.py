@@ -60,8 +60,9 @@ def main():
         with open(os.path.join(ENVOY_DIR, name)) as f:
             return f.read()
 
-    tags = "\n".join("  " + line for line in read("stats-tags.yaml").splitlines()
-                     if line.strip() and not line.startswith("#"))
+    def block(name):
+        return "\n".join("  " + line for line in read(name).splitlines()
+                         if line.strip() and not line.startswith("#"))
     filters = ""
     if not a.no_filter:
         filters = (read("wasm-filter.yaml.in")
@@ -83,7 +84,8 @@ def main():
            .replace("{{ADMIN_PORT}}", str(admin_port))
            .replace("{{LISTEN_PORT}}", str(a.listen_port))
            .replace("{{BUFFER_LIMIT}}", str(2 * limit + 65536))
-           .replace("{{STATS_TAGS}}", tags)
+           .replace("{{STATS_TAGS}}", block("stats-tags.yaml"))
+           .replace("{{HISTOGRAM_BUCKETS}}", block("histogram-buckets.yaml"))
            .replace("{{HTTP_FILTERS}}", filters)
            .replace("{{EXTRA_CLUSTERS}}\n", extra))
     sys.stdout.write(out)

@@ -7,6 +7,7 @@
 
 pub mod envoy;
 pub mod http;
+pub mod loadgen;
 pub mod paths;
 pub mod sim;
 

@@ -23,6 +23,8 @@ pub use epp::{FlowControlSpec, PluginSpec, ProfilePlugin, ProfileSpec, SourceSpe
 pub use pool::{Endpoint, Pool, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_POOL_NAME};
 pub use validate::ConfigError;
 
+use crate::flow_control::config::{FlowControlConfig, PluginRef};
+use crate::flow_control::saturation::Detector;
 use crate::registry::{self, Role};
 use serde_json::Value;
 use validate::{as_object, as_str, err, only_fields};
@@ -45,6 +47,18 @@ const TOP_FIELDS: &[&str] = &[
     "pool",
 ];
 
+/// Flow control and admission settings (the flow-control layer's view of the config).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FlowSettings {
+    /// The `flowControl` feature gate: queue in the gateway. Off: legacy admission
+    /// (sheddable requests get 429 while the pool is saturated).
+    pub enabled: bool,
+    /// The `flowControl` section (read only when enabled).
+    pub control: FlowControlConfig,
+    /// The saturation detector (`saturationDetector.pluginRef`; default `utilization-detector`).
+    pub detector: Detector,
+}
+
 /// The whole, validated and defaulted configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -64,6 +78,8 @@ pub struct Config {
     pub data_sources: Vec<SourceSpec>,
     /// Name of the request parser plugin.
     pub parser: String,
+    /// Flow control and admission, as the flow-control layer uses them.
+    pub flow: FlowSettings,
 }
 
 impl Default for Config {
@@ -78,6 +94,7 @@ impl Default for Config {
             flow_control: None,
             data_sources: Vec::new(),
             parser: String::new(),
+            flow: FlowSettings::default(),
         })
     }
 }
@@ -204,6 +221,12 @@ impl Config {
             }
             None => "openai-parser".to_string(),
         };
+        let flow = flow_settings(
+            top.get("flowControl"),
+            &feature_gates,
+            &saturation_detector,
+            &plugins,
+        )?;
         let config = Config {
             pool,
             plugins,
@@ -213,6 +236,7 @@ impl Config {
             flow_control,
             data_sources,
             parser,
+            flow,
         };
         // Build every plugin once: parameter errors surface now, never at request time.
         registry::build(&config)?;
@@ -228,6 +252,38 @@ impl Config {
     pub fn gate(&self, name: &str) -> bool {
         self.feature_gates.iter().any(|g| g == name)
     }
+}
+
+/// The flow-control layer's settings: the gate, the detector the `saturationDetector`
+/// names (its parameters checked by the flow-control layer), and the `flowControl` section
+/// parsed by `FlowControlConfig::parse` when the gate is on.
+fn flow_settings(
+    section: Option<&Value>,
+    gates: &[String],
+    detector: &str,
+    plugins: &[PluginSpec],
+) -> Result<FlowSettings, ConfigError> {
+    let mut flow = FlowSettings {
+        enabled: gates.iter().any(|g| g == "flowControl"),
+        ..FlowSettings::default()
+    };
+    if let Some((i, p)) = plugins.iter().enumerate().find(|(_, p)| p.name == detector) {
+        let path = format!("plugins[{}].parameters", p.index.unwrap_or(i));
+        if let Some(d) = Detector::from_plugin(&p.type_name, &p.parameters, &path)? {
+            flow.detector = d;
+        }
+    }
+    if flow.enabled {
+        if let Some(section) = section {
+            flow.control = FlowControlConfig::parse(section, "flowControl", |name| {
+                plugins.iter().find(|p| p.name == name).map(|p| PluginRef {
+                    type_name: p.type_name.as_str(),
+                    parameters: &p.parameters,
+                })
+            })?;
+        }
+    }
+    Ok(flow)
 }
 
 fn has_role(p: &PluginSpec, role: Role) -> bool {

@@ -319,6 +319,11 @@ pub fn parse_endpoint(v: &Value, path: &str) -> Result<Endpoint, ConfigError> {
 
 impl Pool {
     /// The priority of objective `name` (0 for an unknown or absent objective, as the reference).
+    pub fn priority_of(&self, objective: Option<&str>) -> i32 {
+        self.priority(objective)
+    }
+
+    /// Same as [`Pool::priority_of`].
     pub fn priority(&self, objective: Option<&str>) -> i32 {
         objective
             .and_then(|n| self.objectives.iter().find(|o| o.name == n))

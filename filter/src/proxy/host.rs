@@ -13,6 +13,7 @@ pub type Status = u32;
 
 pub const OK: Status = 0;
 pub const NOT_FOUND: Status = 1;
+pub const EMPTY: Status = 7;
 pub const CAS_MISMATCH: Status = 8;
 
 /// Header maps (proxy-wasm `MapType`), named as in the ABI.
@@ -88,12 +89,33 @@ extern "C" {
     ) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
+    fn proxy_continue_stream(stream_type: u32) -> u32;
+    fn proxy_done() -> u32;
     fn proxy_set_buffer_bytes(
         buffer_type: u32,
         start: usize,
         size: usize,
         data: *const u8,
         data_size: usize,
+    ) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
+    fn proxy_register_shared_queue(
+        name_data: *const u8,
+        name_size: usize,
+        return_id: *mut u32,
+    ) -> u32;
+    fn proxy_resolve_shared_queue(
+        vm_id_data: *const u8,
+        vm_id_size: usize,
+        name_data: *const u8,
+        name_size: usize,
+        return_id: *mut u32,
+    ) -> u32;
+    fn proxy_enqueue_shared_queue(queue_id: u32, value_data: *const u8, value_size: usize) -> u32;
+    fn proxy_dequeue_shared_queue(
+        queue_id: u32,
+        return_data: *mut *mut u8,
+        return_size: *mut usize,
     ) -> u32;
 }
 
@@ -135,6 +157,14 @@ pub fn now_ms() -> Result<i64, Status> {
     Ok(i64::try_from(ns / 1_000_000).unwrap_or(i64::MAX))
 }
 
+/// Host clock in microseconds since the Unix epoch.
+pub fn now_us() -> Result<u64, Status> {
+    let mut ns: u64 = 0;
+    // SAFETY: the out-pointer is valid for the call.
+    check(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
+    Ok(ns / 1_000)
+}
+
 /// Sets this VM's root tick period.
 pub fn set_tick_period_ms(ms: u32) -> Result<(), Status> {
     // SAFETY: plain value argument.
@@ -157,12 +187,6 @@ fn get_buffer(buffer_type: u32, start: usize, max: usize) -> Result<Vec<u8>, Sta
 /// The buffered request body, bytes `0..size`.
 pub fn request_body(size: usize) -> Result<Vec<u8>, Status> {
     get_buffer(0, 0, size)
-}
-
-/// Replaces the whole buffered request body.
-pub fn set_request_body(current_size: usize, body: &[u8]) -> Result<(), Status> {
-    // SAFETY: the slice is valid for the call.
-    check(unsafe { proxy_set_buffer_bytes(0, 0, current_size, body.as_ptr(), body.len()) })
 }
 
 /// The response body chunk being delivered, bytes `0..size`.
@@ -332,14 +356,86 @@ pub fn define_metric(kind: u32, name: &str) -> Result<u32, Status> {
     Ok(id)
 }
 
-/// Sets a gauge or records a histogram observation.
+/// Adds `delta` to a counter or gauge.
+pub fn increment_metric(id: u32, delta: i64) -> Result<(), Status> {
+    // SAFETY: plain value arguments.
+    check(unsafe { proxy_increment_metric(id, delta) })
+}
+
+/// Records a histogram observation, or sets a gauge.
 pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
     // SAFETY: plain value arguments.
     check(unsafe { proxy_record_metric(id, value) })
 }
 
-/// Adds `delta` to a counter or gauge.
-pub fn increment_metric(id: u32, delta: i64) -> Result<(), Status> {
-    // SAFETY: plain value arguments.
-    check(unsafe { proxy_increment_metric(id, delta) })
+/// Lets the current stream's request go on (takes effect after the callback returns).
+pub fn resume_request() -> Result<(), Status> {
+    // SAFETY: plain value argument.
+    check(unsafe { proxy_continue_stream(0) })
+}
+
+/// Makes `context_id` the current stream for the following calls; `Err(BAD_ARGUMENT)`
+/// when that stream is gone.
+pub fn set_effective_context(context_id: u32) -> Result<(), Status> {
+    // SAFETY: plain value argument.
+    check(unsafe { proxy_set_effective_context(context_id) })
+}
+
+/// Registers (and takes over) the shared queue `name` for this VM; returns its id.
+pub fn register_queue(name: &str) -> Result<u32, Status> {
+    let mut id = 0u32;
+    // SAFETY: slice and out-pointer are valid for the call.
+    check(unsafe { proxy_register_shared_queue(name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+/// Finds another VM's shared queue; `None` when nobody registered it.
+pub fn resolve_queue(vm_id: &str, name: &str) -> Result<Option<u32>, Status> {
+    let mut id = 0u32;
+    // SAFETY: slices and out-pointer are valid for the call.
+    match unsafe {
+        proxy_resolve_shared_queue(
+            vm_id.as_ptr(),
+            vm_id.len(),
+            name.as_ptr(),
+            name.len(),
+            &mut id,
+        )
+    } {
+        OK => Ok(Some(id)),
+        NOT_FOUND => Ok(None),
+        status => Err(status),
+    }
+}
+
+/// Appends a message to a shared queue.
+pub fn enqueue(queue_id: u32, message: &[u8]) -> Result<(), Status> {
+    // SAFETY: slice is valid for the call.
+    check(unsafe { proxy_enqueue_shared_queue(queue_id, message.as_ptr(), message.len()) })
+}
+
+/// Takes the next message of a queue this VM registered; `None` when empty.
+pub fn dequeue(queue_id: u32) -> Result<Option<Vec<u8>>, Status> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: out-pointers are valid; the returned buffer is ours.
+    unsafe {
+        match proxy_dequeue_shared_queue(queue_id, &mut data, &mut size) {
+            OK => Ok(Some(owned(data, size))),
+            EMPTY | NOT_FOUND => Ok(None),
+            status => Err(status),
+        }
+    }
+}
+
+/// Tells the host a root context that returned "not done" from `on_done` is now done.
+pub fn done() -> Result<(), Status> {
+    // SAFETY: no arguments.
+    check(unsafe { proxy_done() })
+}
+
+/// Replaces the whole buffered request body (of `old_size` bytes) with `body`.
+pub fn replace_request_body(old_size: usize, body: &[u8]) -> Result<(), Status> {
+    // SAFETY: the slice is valid for the call.
+    check(unsafe { proxy_set_buffer_bytes(0, 0, old_size, body.as_ptr(), body.len()) })
 }

@@ -1,69 +1,62 @@
 //! One request's path through the filter.
 //!
-//! Headers: strip the headers only the gateway may set, pause for the body.
-//! Body: buffer to the end, enforce the size limit (413), parse (400), apply the model
-//! rewrite, then schedule: candidates (static + discovered endpoints, minus failing ones,
-//! within the subset hint) with their snapshots and in-flight counts → the configured
-//! profiles → `x-gateway-destination-endpoint` (primary, then fallbacks) and, for P/D,
-//! `x-prefiller-host-port`. The pick and its in-flight count are one CAS on the ledger;
-//! the prefix index learns the pick here and, through the shared log, on every worker.
-//! No endpoint → 503 JSON (or, with `pool.failOpen`, any healthy endpoint).
-//! Response: name the endpoint that served (and the session token). End of stream,
-//! however it ends: release the in-flight count.
+//! Headers: classify the flow (fairness id, objective → priority, SLO), read the subset
+//! hint, the model-rewrite header and the session token, strip the headers only the
+//! gateway may set, pause for the body. Body: buffer to the end, enforce the size limit
+//! (413), parse (400), apply the model rewrite, pass flow control (go, park or 429),
+//! route (`route.rs`: the scheduler). Response: name the endpoint that served (and the
+//! session token), put the client's model name back. End of stream, however it ends:
+//! release what the request held.
 
-use super::state::{self, Runtime};
-use super::{host, host::Map, stats, store::HostStore};
+use super::flow::{self, Admit, RequestMeta};
+use super::route::RouteInput;
+use super::state::Runtime;
+use super::vm::{self, Running};
+use super::{host, host::Map, route, stats};
 use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
-use crate::inflight;
+use crate::flow_control::ordering::slo_deadline;
 use crate::metrics;
 use crate::openai::{parse_request, Api, InferenceRequest};
-use crate::prefix::shared;
 use crate::rng::Rng;
 use crate::scheduler::scorers::session_affinity::{self, SESSION_HEADER};
-use crate::scheduler::{Probe, Request};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
 
-/// Request header carrying the chosen endpoints (primary, then fallbacks, comma-separated),
-/// as the reference protocol defines it. An `override_host` cluster takes its first member.
-pub const DESTINATION: &str = "x-gateway-destination-endpoint";
-/// Request header carrying the primary endpoint alone: what our ORIGINAL_DST cluster
-/// routes on (ORIGINAL_DST reads a single `ip:port`, so a fallback list in
-/// [`DESTINATION`] would make it fail).
-pub const PRIMARY: &str = "x-gateway-destination-endpoint-primary";
 /// Response header naming the endpoint that served.
 pub const SERVED: &str = "x-gateway-destination-endpoint-served";
-/// Request header restricting the candidates (set by the route or an earlier filter).
-pub const SUBSET: &str = "x-gateway-destination-endpoint-subset";
-/// Request header naming the prefill endpoint (P/D).
-pub const PREFILLER: &str = "x-prefiller-host-port";
+/// Fairness id header, and the router's alias.
+const FAIRNESS_ID: [&str; 2] = [
+    "x-gateway-inference-fairness-id",
+    "x-llm-d-inference-fairness-id",
+];
+/// Objective header, and the router's alias.
+const OBJECTIVE: [&str; 2] = [
+    "x-gateway-inference-objective",
+    "x-llm-d-inference-objective",
+];
+/// TTFT SLO header, and the router's name.
+const SLO_TTFT: [&str; 2] = [slo_deadline::HEADER, "x-llm-d-slo-ttft-ms"];
+/// The flow of requests without a fairness id.
+pub const DEFAULT_FAIRNESS_ID: &str = "default-flow";
 /// Model rewrite request headers (GIE name, router name).
 const REWRITE_HEADERS: [&str; 2] = ["x-gateway-model-name-rewrite", "x-llm-d-model-name-rewrite"];
-/// Headers a client must not set: the gateway owns them.
-const SYSTEM_OWNED: [&str; 4] = [DESTINATION, PRIMARY, SERVED, PREFILLER];
-
-/// What scheduling produced, with the candidates' addresses resolved.
-enum Picked {
-    Chosen {
-        targets: Vec<String>,
-        prefill: Option<String>,
-        disaggregated: bool,
-        hit: Option<crate::prefix::index::PrefixMatch>,
-    },
-    None {
-        why: String,
-        pool: Vec<String>,
-    },
-}
-
-/// A request scheduled to an endpoint and not yet finished.
-struct InFlight {
-    endpoint: String,
-    model: String,
-    tokens: u64,
-}
+/// Headers a client must not pass upstream or set itself: the gateway owns them (the
+/// subset hint and the rewrite headers are read first).
+const SYSTEM_OWNED: [&str; 11] = [
+    route::DESTINATION,
+    route::PRIMARY,
+    route::PREFILLER,
+    SERVED,
+    route::SUBSET,
+    REWRITE_HEADERS[0],
+    REWRITE_HEADERS[1],
+    FAIRNESS_ID[0],
+    FAIRNESS_ID[1],
+    OBJECTIVE[0],
+    OBJECTIVE[1],
+];
 
 /// A model rewrite to undo in the response: `"model":"<sent>"` becomes the client's name.
 struct Rewritten {
@@ -73,292 +66,144 @@ struct Rewritten {
 
 pub struct Http {
     id: u32,
-    vm: u64,
     rt: Rc<Runtime>,
     path: String,
-    in_flight: Option<InFlight>,
+    fairness_id: String,
+    objective: Option<String>,
+    slo_ttft_ms: Option<u64>,
+    received_us: u64,
+    subset: Option<Vec<String>>,
+    rewrite_header: Option<String>,
+    session: Option<String>,
     rewritten: Option<Rewritten>,
 }
 
-fn now_ns() -> u64 {
-    host::now_ns().unwrap_or(0)
+fn first_header(names: &[&str]) -> Option<String> {
+    names
+        .iter()
+        .find_map(|n| host::header(Map::RequestHeaders, n).ok().flatten())
+        .filter(|v| !v.is_empty())
 }
 
 impl Http {
-    pub fn new(id: u32, rt: Rc<Runtime>, vm: u64) -> Self {
+    pub fn new(id: u32, rt: Rc<Runtime>) -> Self {
         Self {
             id,
-            vm,
             rt,
             path: String::new(),
-            in_flight: None,
+            fairness_id: DEFAULT_FAIRNESS_ID.to_string(),
+            objective: None,
+            slo_ttft_ms: None,
+            received_us: 0,
+            subset: None,
+            rewrite_header: None,
+            session: None,
             rewritten: None,
-        }
-    }
-
-    /// Answers the request with an OpenAI-style error and stops it.
-    fn reject(&mut self, error: &ApiError, model: &str) -> Action {
-        stats::add(
-            &metrics::OBJECTIVE_REQUEST_ERROR_TOTAL,
-            &[model, model, metrics::error_code(error.status)],
-            1,
-        );
-        let body = error.body();
-        let headers = [("content-type", "application/json")];
-        match host::send_local_response(error.status, &headers, body.as_bytes()) {
-            Ok(()) => Action::Pause,
-            Err(status) => {
-                // Nothing routes a request without a destination: Envoy answers 503.
-                log::error!(
-                    "cannot send a local {} reply: status {status}",
-                    error.status
-                );
-                Action::Continue
-            }
-        }
-    }
-
-    fn fail_schedule(&mut self, model: &str, why: &str) -> Action {
-        stats::add(&metrics::SCHEDULER_ATTEMPTS, &["failure", model], 1);
-        self.reject(&ApiError::unavailable(why), model)
-    }
-
-    /// Chooses the endpoint(s), writes the destination headers, counts the request.
-    fn schedule(
-        &mut self,
-        request: Option<&InferenceRequest>,
-        model: &str,
-        target: &str,
-        body_bytes: usize,
-    ) -> Action {
-        let rt = self.rt.clone();
-        let start_ns = now_ns();
-        let now = i64::try_from(start_ns / 1_000_000).unwrap_or(0);
-        let subset = host::header(Map::RequestHeaders, SUBSET)
-            .ok()
-            .flatten()
-            .map(|v| parse_subset(&v));
-        let session = if rt.sessions {
-            host::header(Map::RequestHeaders, SESSION_HEADER)
-                .ok()
-                .flatten()
-        } else {
-            None
-        };
-        let sreq = Request {
-            model: target,
-            prompt: request.map_or("", |r| r.prompt.as_str()),
-            cache_salt: request.and_then(|r| r.cache_salt.as_deref()),
-            body_bytes,
-            session_token: session.as_deref(),
-            now_ms: now,
-        };
-        let tokens = sreq.token_estimate();
-        let seed =
-            u64::from(self.id) ^ self.vm.rotate_left(32) ^ now.unsigned_abs().rotate_left(17);
-        let vm = self.vm;
-        let clock: &dyn Fn() -> u64 = &now_ns;
-        let scheduler = &rt.scheduler;
-        // Everything that needs the candidates happens inside: the list is this VM's cache.
-        let outcome = state::with_candidates(&rt, subset.as_deref(), |cands| {
-            state::with_prefix(vm, |index, cursor| {
-                let result = inflight::acquire_with(&HostStore, vm, now, |ledger| {
-                    let totals = ledger.totals();
-                    for c in cands.iter_mut() {
-                        let (n, t) = totals.get(c.address.as_str()).copied().unwrap_or_default();
-                        c.in_flight = n;
-                        c.in_flight_tokens = t;
-                    }
-                    let mut rng = Rng::new(seed);
-                    let mut probe = Probe::new(Some(clock));
-                    let decision = scheduler.schedule(&sreq, cands, index, &mut rng, &mut probe);
-                    let pick = decision
-                        .as_ref()
-                        .ok()
-                        .and_then(|d| d.primary())
-                        .and_then(|i| cands.get(i))
-                        .map(|c| (c.address.clone(), tokens));
-                    (pick, (decision, probe.samples))
-                });
-                // The decision is made (and counted): the e2e scheduling time ends here, as the
-                // reference's; what follows is its PreRequest bookkeeping.
-                let e2e_us = now_ns().saturating_sub(start_ns) / 1_000;
-                let (decision, samples) = match result {
-                    Ok(r) => r,
-                    Err(e) => return Err(e),
-                };
-                let picked = match decision {
-                    Ok(d) => {
-                        // The prefix index learns the pick: here at once, elsewhere via the log.
-                        for i in [d.primary(), d.prefill].into_iter().flatten() {
-                            if let Some(c) = cands.get(i) {
-                                let cap = scheduler.lru_capacity(c);
-                                let cap_usize = usize::try_from(cap).unwrap_or(usize::MAX);
-                                index.insert(&c.address, &d.hashes, cap_usize);
-                                if !d.hashes.is_empty() {
-                                    match shared::publish(
-                                        &HostStore, vm, &c.address, &d.hashes, cap,
-                                    ) {
-                                        Ok(seq) => cursor.published(seq),
-                                        Err(e) => log::debug!("prefix log publish failed: {e:?}"),
-                                    }
-                                }
-                            }
-                        }
-                        scheduler.pre_request(&sreq, cands, &d);
-                        let addr = |i: usize| cands.get(i).map(|c| c.address.clone());
-                        Picked::Chosen {
-                            targets: d.targets.iter().filter_map(|&i| addr(i)).collect(),
-                            prefill: d.prefill.and_then(addr),
-                            disaggregated: d.disaggregated,
-                            hit: d.primary().and_then(|i| d.prefix.get(i).copied()),
-                        }
-                    }
-                    Err(e) => Picked::None {
-                        why: e.to_string(),
-                        pool: cands.iter().map(|c| c.address.clone()).collect(),
-                    },
-                };
-                Ok((picked, samples, e2e_us))
-            })
-        });
-        let (picked, samples, e2e_us) = match outcome {
-            Ok(r) => r,
-            Err(e) => {
-                log::error!("in-flight ledger unavailable: {e:?}");
-                return self.fail_schedule(model, "the gateway's endpoint state is unavailable");
-            }
-        };
-        for s in &samples {
-            stats::observe(
-                &metrics::PLUGIN_DURATION,
-                &[s.extension_point, &s.plugin_type, &s.plugin_name],
-                s.ns / 1_000,
-            );
-        }
-        let (targets, prefill, disaggregated, hit) = match picked {
-            Picked::Chosen {
-                targets,
-                prefill,
-                disaggregated,
-                hit,
-            } => (targets, prefill, disaggregated, hit),
-            Picked::None { why, pool } => {
-                if rt.config.pool.fail_open {
-                    if let Some(action) = self.fail_open(pool, model, tokens, now) {
-                        return action;
-                    }
-                }
-                return self.fail_schedule(model, &why);
-            }
-        };
-        let Some(primary) = targets.first().cloned() else {
-            return self.fail_schedule(model, "no model server endpoint is available");
-        };
-        let routed = host::set_header(Map::RequestHeaders, DESTINATION, &targets.join(","))
-            .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &primary));
-        if let Err(status) = routed {
-            log::error!("cannot set {DESTINATION}: status {status}");
-            if let Err(e) = inflight::release_with_tokens(&HostStore, vm, &primary, tokens, now) {
-                log::warn!("in-flight release failed: {e:?}");
-            }
-            return self.fail_schedule(model, "the gateway could not route the request");
-        }
-        if let Some(p) = prefill {
-            if let Err(status) = host::set_header(Map::RequestHeaders, PREFILLER, &p) {
-                log::warn!("cannot set {PREFILLER}: status {status}");
-            }
-        } else if disaggregated {
-            log::warn!("P/D: prefill was decided but no prefill endpoint is available; decode runs alone on {primary}");
-        }
-        if let Some(m) = hit {
-            stats::observe(
-                &metrics::PREFIX_INDEXER_HIT_RATIO,
-                &[],
-                (m.ratio() * 100.0).round() as u64,
-            );
-            let bytes = u64::from(m.matched)
-                * u64::from(m.block_size_tokens)
-                * crate::prefix::CHARS_PER_TOKEN;
-            stats::observe(&metrics::PREFIX_INDEXER_HIT_BYTES, &[], bytes);
-        }
-        stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], e2e_us);
-        self.admitted(primary, model, tokens);
-        Action::Continue
-    }
-
-    /// `pool.failOpen`: any healthy endpoint when the scheduler chose none (`pool`: the
-    /// request's candidates; when empty, every healthy endpoint whatever the subset hint).
-    fn fail_open(
-        &mut self,
-        pool: Vec<String>,
-        model: &str,
-        tokens: u64,
-        now: i64,
-    ) -> Option<Action> {
-        let pool: Vec<String> = if pool.is_empty() {
-            state::with_candidates(&self.rt, None, |c| {
-                c.iter().map(|c| c.address.clone()).collect()
-            })
-        } else {
-            pool
-        };
-        let mut rng = Rng::new(u64::from(self.id) ^ now.unsigned_abs());
-        let pick = pool.get(rng.below(pool.len()))?.clone();
-        let counted = inflight::acquire_with(&HostStore, self.vm, now, |_| {
-            (Some((pick.clone(), tokens)), ())
-        });
-        if counted.is_err() {
-            return None;
-        }
-        let routed = host::set_header(Map::RequestHeaders, DESTINATION, &pick)
-            .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &pick));
-        if routed.is_err() {
-            let _ = inflight::release_with_tokens(&HostStore, self.vm, &pick, tokens, now);
-            return None;
-        }
-        log::debug!("fail-open: no endpoint was chosen, sending to {pick}");
-        self.admitted(pick, model, tokens);
-        Some(Action::Continue)
-    }
-
-    fn admitted(&mut self, endpoint: String, model: &str, tokens: u64) {
-        stats::add(&metrics::SCHEDULER_ATTEMPTS, &["success", model], 1);
-        stats::add(&metrics::OBJECTIVE_REQUEST_TOTAL, &[model, model], 1);
-        stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], 1);
-        self.in_flight = Some(InFlight {
-            endpoint,
-            model: model.to_string(),
-            tokens,
-        });
-    }
-
-    /// Releases the in-flight count, once.
-    fn release(&mut self) {
-        if let Some(done) = self.in_flight.take() {
-            let now = host::now_ms().unwrap_or(0);
-            if let Err(e) =
-                inflight::release_with_tokens(&HostStore, self.vm, &done.endpoint, done.tokens, now)
-            {
-                log::warn!("in-flight release of {} failed: {e:?}", done.endpoint);
-            }
-            stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[&done.model], -1);
         }
     }
 
     /// The model to send: the rewrite header, then a matching `pool.modelRewrites` rule.
     fn target_model(&self, model: &str) -> String {
-        let header = REWRITE_HEADERS
-            .iter()
-            .find_map(|h| host::header(Map::RequestHeaders, h).ok().flatten())
-            .filter(|v| !v.is_empty());
-        let mut target = header.unwrap_or_else(|| model.to_string());
-        let draw = Rng::new(u64::from(self.id) ^ self.vm).next_f64();
+        let mut target = self
+            .rewrite_header
+            .clone()
+            .unwrap_or_else(|| model.to_string());
+        let draw = Rng::new(u64::from(self.id) ^ vm::id()).next_f64();
         if let Some((_, t)) = self.rt.config.pool.rewrite(&target, draw) {
             target = t.to_string();
         }
         target
     }
+
+    fn route_input(
+        &self,
+        request: Option<&InferenceRequest>,
+        target: &str,
+        body_bytes: usize,
+    ) -> RouteInput {
+        RouteInput {
+            model: request.map_or(String::new(), |r| r.model.clone()),
+            target: target.to_string(),
+            api: request.map(|r| r.api),
+            body_bytes,
+            subset: self.subset.clone(),
+            session: self.session.clone(),
+        }
+    }
+
+    /// Answers with an error and stops the request.
+    fn reject(&self, error: &ApiError, model: &str) -> Action {
+        if route::reply(error, model, &[]) {
+            Action::Pause
+        } else {
+            // Nothing routes a request without a destination: Envoy answers 503.
+            Action::Continue
+        }
+    }
+
+    /// Routes the request now and remembers it as running.
+    fn go(
+        &self,
+        input: &RouteInput,
+        request: Option<&InferenceRequest>,
+        flow_controlled: bool,
+        tokens: u64,
+    ) -> Action {
+        let vm_id = vm::id();
+        let model = input.model.as_str();
+        match route::route(vm_id, self.id, &self.rt, input, request, tokens) {
+            Ok(endpoint) => {
+                vm::with(|vm| {
+                    vm.running.insert(
+                        self.id,
+                        Running {
+                            endpoint,
+                            model: model.to_string(),
+                            tokens,
+                            flow_controlled,
+                        },
+                    )
+                });
+                Action::Continue
+            }
+            Err(e) => {
+                if flow_controlled {
+                    // Give the flow-control slot back.
+                    let held = Running {
+                        endpoint: String::new(),
+                        model: model.to_string(),
+                        tokens,
+                        flow_controlled,
+                    };
+                    flow::finished(&held, self.id);
+                }
+                self.reject(&e, model)
+            }
+        }
+    }
+
+    /// Releases whatever the request held, once.
+    fn release(&mut self) {
+        if flow::cancelled(self.id, self.id) {
+            return;
+        }
+        let Some(Some(done)) = vm::with(|vm| vm.running.remove(&self.id)) else {
+            return;
+        };
+        route::release(vm::id(), &done.endpoint, done.tokens);
+        stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[&done.model], -1);
+        flow::finished(&done, self.id);
+    }
+}
+
+/// `body` with its `model` field set to `target`.
+fn rewrite_body(body: &[u8], target: &str) -> Option<Vec<u8>> {
+    let mut doc: serde_json::Value = serde_json::from_slice(body).ok()?;
+    doc.as_object_mut()?.insert(
+        "model".into(),
+        serde_json::Value::String(target.to_string()),
+    );
+    serde_json::to_vec(&doc).ok()
 }
 
 /// `chunk` with `"model":"<sent>"` (with or without a space) turned back into the client's
@@ -374,16 +219,6 @@ fn restore_model(chunk: &[u8], sent: &str, client: &str) -> Option<Vec<u8>> {
     (out != text).then(|| out.into_bytes())
 }
 
-/// `body` with its `model` field set to `target`.
-fn rewrite_body(body: &[u8], target: &str) -> Option<Vec<u8>> {
-    let mut doc: serde_json::Value = serde_json::from_slice(body).ok()?;
-    doc.as_object_mut()?.insert(
-        "model".into(),
-        serde_json::Value::String(target.to_string()),
-    );
-    serde_json::to_vec(&doc).ok()
-}
-
 impl Context for Http {
     fn on_done(&mut self) -> bool {
         self.release();
@@ -393,18 +228,33 @@ impl Context for Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.received_us = host::now_us().unwrap_or(0);
+        self.path = host::header(Map::RequestHeaders, ":path")
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        if let Some(id) = first_header(&FAIRNESS_ID) {
+            self.fairness_id = id;
+        }
+        self.objective = first_header(&OBJECTIVE);
+        self.slo_ttft_ms = slo_deadline::parse_header(first_header(&SLO_TTFT).as_deref());
+        self.subset = host::header(Map::RequestHeaders, route::SUBSET)
+            .ok()
+            .flatten()
+            .map(|v| parse_subset(&v));
+        self.rewrite_header = first_header(&REWRITE_HEADERS);
+        if self.rt.sessions {
+            self.session = first_header(&[SESSION_HEADER]);
+        }
         for name in SYSTEM_OWNED {
             if let Err(status) = host::remove_header(Map::RequestHeaders, name) {
                 log::warn!("cannot strip {name}: status {status}");
             }
         }
-        self.path = host::header(Map::RequestHeaders, ":path")
-            .ok()
-            .flatten()
-            .unwrap_or_default();
         if end_of_stream {
             // No body (GET /v1/models and the like): any endpoint will do.
-            return self.schedule(None, "", "", 0);
+            let input = self.route_input(None, "", 0);
+            return self.go(&input, None, false, 0);
         }
         Action::Pause
     }
@@ -430,42 +280,64 @@ impl HttpContext for Http {
             Err(e) => return self.reject(&e, ""),
         };
         let target = self.target_model(&request.model);
-        let mut size = body.len();
+        let mut body = body;
+        let mut replaced = false;
         if target != request.model {
-            match rewrite_body(&body, &target) {
-                Some(new_body) => {
-                    let ok = host::set_request_body(body_size, &new_body).is_ok()
-                        && host::set_header(
-                            Map::RequestHeaders,
-                            "content-length",
-                            &new_body.len().to_string(),
-                        )
-                        .is_ok();
-                    if !ok {
-                        return self.reject(
-                            &ApiError::internal("cannot rewrite the model of the request"),
-                            &request.model,
-                        );
-                    }
-                    size = new_body.len();
-                    self.rewritten = Some(Rewritten {
-                        sent: target.clone(),
-                        client: request.model.clone(),
-                    });
-                }
-                None => {
-                    return self.reject(
-                        &ApiError::internal("cannot rewrite the model of the request"),
-                        &request.model,
-                    )
-                }
+            let Some(new_body) = rewrite_body(&body, &target) else {
+                let e = ApiError::internal("cannot rewrite the model of the request");
+                return self.reject(&e, &request.model);
+            };
+            let ok = host::replace_request_body(body_size, &new_body).is_ok()
+                && host::set_header(
+                    Map::RequestHeaders,
+                    "content-length",
+                    &new_body.len().to_string(),
+                )
+                .is_ok();
+            if !ok {
+                let e = ApiError::internal("cannot rewrite the model of the request");
+                return self.reject(&e, &request.model);
             }
+            body = new_body;
+            replaced = true;
+            self.rewritten = Some(Rewritten {
+                sent: target.clone(),
+                client: request.model.clone(),
+            });
         }
-        self.schedule(Some(&request), &request.model.clone(), &target, size)
+        let input = self.route_input(Some(&request), &target, body.len());
+        let meta = RequestMeta {
+            fairness_id: &self.fairness_id,
+            priority: self.rt.config.pool.priority_of(self.objective.as_deref()),
+            model: &request.model,
+            bytes: u64::try_from(body.len()).unwrap_or(u64::MAX),
+            received_us: self.received_us,
+            slo_ttft_ms: self.slo_ttft_ms,
+            route: &input,
+        };
+        match flow::admit(self.id, &meta) {
+            Admit::Go {
+                flow_controlled,
+                tokens,
+            } => self.go(&input, Some(&request), flow_controlled, tokens),
+            Admit::Parked => {
+                // Envoy holds the body in the 16 KiB read slice it arrived in; a copy of
+                // the exact size makes a parked stream much cheaper to hold.
+                if !replaced {
+                    if let Err(status) = host::replace_request_body(body_size, &body) {
+                        log::debug!("cannot compact the parked body: status {status}");
+                    }
+                }
+                Action::Pause
+            }
+            Admit::Reject(e) => self.reject(&e, &request.model),
+        }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(in_flight) = &self.in_flight else {
+        let Some(Some(endpoint)) =
+            vm::with(|vm| vm.running.get(&self.id).map(|r| r.endpoint.clone()))
+        else {
             return Action::Continue;
         };
         // The address Envoy actually connected to (after any retry); our pick otherwise.
@@ -474,7 +346,7 @@ impl HttpContext for Http {
             .flatten()
             .and_then(|b| String::from_utf8(b).ok())
             .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| in_flight.endpoint.clone());
+            .unwrap_or(endpoint);
         if self.rewritten.is_some() {
             // The body changes length when the model name is put back.
             if let Err(status) = host::remove_header(Map::ResponseHeaders, "content-length") {

@@ -1,21 +1,27 @@
 //! The proxy layer: Envoy's Proxy-Wasm callbacks mapped onto the core.
 //!
-//! * `root` — one per plugin per VM: configuration, ticks, HTTP context creation.
+//! * `root` — one per plugin per VM: configuration, ticks, inbox messages, HTTP contexts.
 //! * `http` — one per request: the request's path through the filter.
+//! * `flow` — flow control on callbacks: admit, park, wake, expire, shut down.
+//! * `route` — send the current stream to an endpoint, or answer it.
+//! * `vm` — this VM's state shared by its contexts.
 //! * `host` — every host call, fallible (never the SDK's panicking wrappers).
 //! * `scrape` — the lease holder's metrics scrapes, discovery and pool gauges (root tick).
 //! * `state` — this VM's view of shared state (prefix index, snapshots, discovered endpoints).
 //! * `store`, `stats` — shared data and metrics as the core needs them.
 
+mod flow;
 mod host;
 mod http;
 mod root;
+mod route;
 mod scrape;
 mod state;
 mod stats;
 mod store;
+mod vm;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|_| Box::new(root::Root::default()));
+    proxy_wasm::set_root_context(|id| Box::new(root::Root::new(id)));
 }}

@@ -1,72 +1,44 @@
 //! The root context: loads the configuration (refusing a bad one, with the reason in
-//! Envoy's log), ticks (ledger heartbeat, scrape lease, scrapes, discovery, pool gauges),
-//! receives the scrape callouts, and creates one [`Http`] context per request.
+//! Envoy's log), runs the VM's periodic work (liveness, flow control, the scrape lease,
+//! scrapes, discovery, pool gauges), receives messages from other VMs and the scrape
+//! callouts, and creates one [`Http`] context per request.
 
 use super::http::Http;
-use super::state::Runtime;
-use super::{host, scrape, stats, store::HostStore};
+use super::state::{self, Runtime};
+use super::{flow, host, scrape, stats, store::HostStore, vm};
 use crate::config::Config;
 use crate::metrics;
 use crate::prefix::shared::HEAD_KEY;
-use crate::shared_store::{ensure, update};
+use crate::shared_store::ensure;
 use crate::{inflight, registry};
-use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
-use std::cell::Cell;
 use std::rc::Rc;
 
-/// Shared-data key of the counter that hands out VM ids.
-const VM_SEQ_KEY: &str = "epp.v1.vm-seq";
-/// Tick period when nothing is scraped: the liveness heartbeat of this VM's ledger row.
+/// Tick period with flow control on: TTL expiry precision and the safety net for lost
+/// wake-up messages.
+const FLOW_TICK_MS: u64 = 20;
+/// Tick period when nothing else needs one: the liveness heartbeat of this VM's ledger row.
 const IDLE_TICK_MS: u64 = 1_000;
 /// The ledger heartbeat is written at most this often.
 const HEARTBEAT_MS: i64 = 1_000;
 
-#[derive(Clone, PartialEq, Message)]
-struct Seq {
-    #[prost(uint64, tag = "1")]
-    next: u64,
-}
-
-thread_local! {
-    static VM_ID: Cell<u64> = const { Cell::new(0) };
-}
-
-/// This VM's process-unique id (one VM per thread), allocated on first use.
-pub fn vm_id() -> u64 {
-    let id = VM_ID.with(Cell::get);
-    if id != 0 {
-        return id;
-    }
-    let allocated = update(&HostStore, VM_SEQ_KEY, |s: &mut Seq| {
-        s.next += 1;
-        s.next
-    });
-    match allocated {
-        Ok(id) => {
-            VM_ID.with(|c| c.set(id));
-            id
-        }
-        Err(e) => {
-            // Without a unique id this VM's counts could merge with another's; use a
-            // random-ish id from the clock rather than fail requests.
-            let fallback = host::now_ms().map_or(u64::MAX, |t| t.unsigned_abs() | (1 << 63));
-            log::warn!("cannot allocate a VM id ({e:?}); using {fallback}");
-            VM_ID.with(|c| c.set(fallback));
-            fallback
-        }
-    }
-}
-
 /// One per plugin per VM.
-#[derive(Default)]
 pub struct Root {
+    id: u32,
     runtime: Option<Rc<Runtime>>,
     last_heartbeat_ms: i64,
 }
 
 impl Root {
+    pub fn new(id: u32) -> Self {
+        Self {
+            id,
+            runtime: None,
+            last_heartbeat_ms: 0,
+        }
+    }
+
     fn load(text: &str) -> Result<Runtime, String> {
         let config = Config::parse(text).map_err(|e| e.to_string())?;
         let scheduler = registry::build(&config).map_err(|e| e.to_string())?;
@@ -76,7 +48,7 @@ impl Root {
             .iter()
             .any(|p| p.type_name == "session-affinity-scorer");
         Ok(Runtime {
-            config,
+            config: Rc::new(config),
             scheduler,
             settings,
             sessions,
@@ -96,6 +68,16 @@ impl Context for Root {
             scrape::on_response(rt, token_id, body_size);
         }
     }
+
+    fn on_done(&mut self) -> bool {
+        // Envoy is removing the plugin: answer what is parked (500), a batch at a time;
+        // the tick finishes the rest and then tells Envoy we are done.
+        let done = flow::shutdown(self.id);
+        if done {
+            vm::with(|vm| vm.draining = false);
+        }
+        done
+    }
 }
 
 impl RootContext for Root {
@@ -107,61 +89,87 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let text = String::from_utf8_lossy(&text);
-        match Self::load(&text) {
-            Ok(rt) => {
-                if rt.config.pool.endpoints.is_empty() && rt.config.pool.discovery.is_none() {
-                    log::warn!("pool.endpoints is empty and no discovery is configured: every request will get 503");
-                }
-                for key in [inflight::LEDGER_KEY, HEAD_KEY] {
-                    if let Err(e) = ensure(&HostStore, key) {
-                        log::warn!("cannot create {key}: {e:?}");
-                    }
-                }
-                let period = if rt.settings.enabled || rt.config.pool.discovery.is_some() {
-                    let mut p = rt.settings.interval_ms;
-                    if let Some(d) = &rt.config.pool.discovery {
-                        p = p.min(d.refresh_ms);
-                    }
-                    p.clamp(1, IDLE_TICK_MS)
-                } else {
-                    IDLE_TICK_MS
-                };
-                if let Err(status) =
-                    host::set_tick_period_ms(u32::try_from(period).unwrap_or(1_000))
-                {
-                    log::warn!("cannot set the tick period: status {status}");
-                }
-                // A set, not an increment: every VM writing 1 still reads 1.
-                stats::set(&metrics::INFO, &[metrics::COMMIT, metrics::BUILD_REF], 1);
-                self.runtime = Some(Rc::new(rt));
-                true
-            }
+        let rt = match Self::load(&String::from_utf8_lossy(&text)) {
+            Ok(rt) => Rc::new(rt),
             Err(e) => {
                 // Envoy refuses the filter and logs this line: the user sees why.
                 log::error!("{e}");
-                false
+                return false;
+            }
+        };
+        if rt.config.pool.endpoints.is_empty() && rt.config.pool.discovery.is_none() {
+            log::warn!(
+                "pool.endpoints is empty and no discovery is configured: every request will get 503"
+            );
+        }
+        let plugin_vm_id = host::property(&["plugin_vm_id"])
+            .ok()
+            .flatten()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        let root = self.id;
+        let config = rt.config.clone();
+        vm::with(|vm| {
+            vm.config = config;
+            vm.root_context = root;
+            vm.plugin_vm_id = plugin_vm_id;
+        });
+        state::set_runtime(rt.clone());
+        vm::id();
+        for key in [inflight::LEDGER_KEY, HEAD_KEY] {
+            if let Err(e) = ensure(&HostStore, key) {
+                log::warn!("cannot create {key}: {e:?}");
             }
         }
+        let mut tick = IDLE_TICK_MS;
+        if rt.config.flow.enabled {
+            flow::configure();
+            tick = FLOW_TICK_MS;
+        }
+        if rt.settings.enabled {
+            tick = tick.min(rt.settings.interval_ms);
+        }
+        if let Some(d) = &rt.config.pool.discovery {
+            tick = tick.min(d.refresh_ms);
+        }
+        if let Err(status) = host::set_tick_period_ms(u32::try_from(tick.max(1)).unwrap_or(1_000)) {
+            log::warn!("cannot set the tick period: status {status}");
+        }
+        // A set, not an increment: every VM writing 1 still reads 1.
+        stats::set(&metrics::INFO, &[metrics::COMMIT, metrics::BUILD_REF], 1);
+        self.runtime = Some(rt);
+        true
     }
 
     fn on_tick(&mut self) {
         let Ok(now) = host::now_ms() else { return };
-        let vm = vm_id();
+        let id = vm::id();
         if now.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
             self.last_heartbeat_ms = now;
-            if let Err(e) = inflight::heartbeat(&HostStore, vm, now) {
+            if let Err(e) = inflight::heartbeat(&HostStore, id, now) {
                 log::warn!("in-flight ledger heartbeat failed: {e:?}");
             }
         }
         if let Some(rt) = &self.runtime {
-            scrape::tick(rt, vm, now);
+            scrape::tick(rt, id, now);
         }
+        flow::on_tick(self.id);
+        // Finishing a shutdown that had more parked requests than one batch.
+        if vm::with(|vm| vm.draining).unwrap_or(false) && flow::shutdown(self.id) {
+            vm::with(|vm| vm.draining = false);
+            if let Err(status) = host::done() {
+                log::warn!("cannot finish the shutdown: status {status}");
+            }
+        }
+    }
+
+    fn on_queue_ready(&mut self, _queue_id: u32) {
+        flow::on_inbox(self.id);
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let rt = self.runtime.clone()?;
-        Some(Box::new(Http::new(context_id, rt, vm_id())))
+        Some(Box::new(Http::new(context_id, rt)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

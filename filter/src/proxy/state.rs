@@ -16,11 +16,12 @@ use crate::shared_store::read;
 use hashbrown::HashMap;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 /// The configuration of this plugin instance, built once in `on_configure`.
 pub struct Runtime {
     /// The validated configuration.
-    pub config: Config,
+    pub config: Rc<Config>,
     /// The scheduler built from it.
     pub scheduler: Scheduler,
     /// Data-layer settings.
@@ -42,8 +43,19 @@ pub struct View {
 }
 
 thread_local! {
+    static RUNTIME: RefCell<Option<Rc<Runtime>>> = const { RefCell::new(None) };
     static PREFIX: RefCell<(PrefixIndex, Cursor)> = RefCell::new((PrefixIndex::new(), Cursor::default()));
     static VIEW: RefCell<View> = RefCell::new(View::default());
+}
+
+/// Remembers this VM's runtime (for streams woken from another context).
+pub fn set_runtime(rt: Rc<Runtime>) {
+    RUNTIME.with(|r| *r.borrow_mut() = Some(rt));
+}
+
+/// This VM's runtime, once configured.
+pub fn runtime() -> Option<Rc<Runtime>> {
+    RUNTIME.with(|r| r.borrow().clone())
 }
 
 /// Runs `f` with this VM's prefix index (and its log cursor) after applying what other

@@ -43,16 +43,21 @@ pub fn add(metric: &Metric, values: &[&str], delta: i64) {
     }
 }
 
-/// Sets a gauge (last writer wins: only the lease holder sets pool gauges).
-pub fn set(metric: &Metric, values: &[&str], value: u64) {
+/// Records a histogram observation, or sets a gauge (last writer wins across VMs).
+pub fn record(metric: &Metric, values: &[&str], value: u64) {
     if let Some(id) = id(metric, values) {
         if let Err(status) = host::record_metric(id, value) {
-            log::warn!("cannot set metric {}: status {status}", metric.name);
+            log::warn!("cannot record metric {}: status {status}", metric.name);
         }
     }
 }
 
+/// Sets a gauge (last writer wins: only the lease holder sets pool gauges).
+pub fn set(metric: &Metric, values: &[&str], value: u64) {
+    record(metric, values, value);
+}
+
 /// Records a histogram observation.
 pub fn observe(metric: &Metric, values: &[&str], value: u64) {
-    set(metric, values, value);
+    record(metric, values, value);
 }

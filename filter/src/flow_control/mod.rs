@@ -1,0 +1,25 @@
+//! Flow control: hold requests in the gateway while the pool is saturated and release
+//! them by strict priority (tier 1), fairness between tenants (tier 2) and a per-flow
+//! ordering (tier 3), with capacity limits (429) and a queue TTL (503) — globally, across
+//! every Envoy worker.
+//!
+//! | module | holds |
+//! |---|---|
+//! | `config` | the `flowControl` section: limits, TTL, bands, policy references |
+//! | `quantity`, `duration` | Kubernetes quantities and Go durations |
+//! | `fairness/` | `global-strict-fairness-policy`, `round-robin-fairness-policy` |
+//! | `ordering/` | `fcfs-ordering-policy`, `edf-ordering-policy`, `slo-deadline-ordering-policy` |
+//! | `saturation/` | `utilization-detector`, `concurrency-detector` |
+//! | `state` | the global state shared by all workers (one CAS record) and its operations |
+//! | `parked` | the requests one VM holds paused |
+//! | `outcome` | outcomes, their HTTP statuses, bodies and metric labels |
+
+pub mod config;
+pub mod duration;
+pub mod fairness;
+pub mod ordering;
+pub mod outcome;
+pub mod parked;
+pub mod quantity;
+pub mod saturation;
+pub mod state;

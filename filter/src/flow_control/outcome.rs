@@ -1,0 +1,102 @@
+//! How a request leaves flow control, what the client gets, and the metric label.
+
+use super::state::Limit;
+use crate::errors::ApiError;
+
+/// Final outcome of a request in flow control (the reference's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Released to the scheduler.
+    Dispatched,
+    /// Refused at once: a capacity limit (429).
+    RejectedCapacity(Limit),
+    /// Refused for another reason (500).
+    RejectedOther,
+    /// Its queue TTL passed (503).
+    EvictedTtl,
+    /// The client went away while it waited.
+    EvictedContextCancelled,
+    /// The gateway shut down while it waited (500).
+    EvictedOther,
+}
+
+impl Outcome {
+    /// The `outcome` metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Dispatched => "Dispatched",
+            Self::RejectedCapacity(_) => "RejectedCapacity",
+            Self::RejectedOther => "RejectedOther",
+            Self::EvictedTtl => "EvictedTTL",
+            Self::EvictedContextCancelled => "EvictedContextCancelled",
+            Self::EvictedOther => "EvictedOther",
+        }
+    }
+
+    /// The reply a client gets, if any (a dispatched request gets none; a cancelled
+    /// one has nobody left to answer, but gets 503 if the stream is still there).
+    pub fn error(&self, ttl_ms: u64) -> Option<ApiError> {
+        match self {
+            Self::Dispatched => None,
+            Self::RejectedCapacity(limit) => Some(ApiError {
+                status: 429,
+                kind: "rate_limit_error",
+                message: format!("flow control queue is full: {}", limit_text(*limit)),
+                param: None,
+            }),
+            Self::EvictedTtl => Some(ApiError::unavailable(format!(
+                "request timed out in queue: waited longer than the queue TTL of {ttl_ms} ms \
+                 (flowControl.defaultRequestTTL) for the pool to have room"
+            ))),
+            Self::EvictedContextCancelled => {
+                Some(ApiError::unavailable("client disconnected: request removed from the queue"))
+            }
+            Self::RejectedOther => Some(ApiError::internal("internal flow control error")),
+            Self::EvictedOther => Some(ApiError::internal(
+                "internal flow control error: the gateway is shutting down; the request was not sent",
+            )),
+        }
+    }
+}
+
+fn limit_text(limit: Limit) -> &'static str {
+    match limit {
+        Limit::GlobalRequests => "the global request limit (flowControl.maxRequests) is reached",
+        Limit::GlobalBytes => "the global byte limit (flowControl.maxBytes) is reached",
+        Limit::BandRequests => {
+            "this priority band's request limit (priorityBands[].maxRequests) is reached"
+        }
+        Limit::BandBytes => "this priority band's byte limit (priorityBands[].maxBytes) is reached",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn statuses_as_the_reference() {
+        let status = |o: Outcome| o.error(1000).map(|e| e.status);
+        assert_eq!(status(Outcome::Dispatched), None);
+        assert_eq!(
+            status(Outcome::RejectedCapacity(Limit::BandBytes)),
+            Some(429)
+        );
+        assert_eq!(status(Outcome::EvictedTtl), Some(503));
+        assert_eq!(status(Outcome::EvictedContextCancelled), Some(503));
+        assert_eq!(status(Outcome::EvictedOther), Some(500));
+        assert_eq!(status(Outcome::RejectedOther), Some(500));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_rejection_says_which_limit() {
+        let e = Outcome::RejectedCapacity(Limit::GlobalRequests)
+            .error(0)
+            .unwrap();
+        assert!(e.message.contains("flowControl.maxRequests"));
+        let e = Outcome::EvictedTtl.error(1500).unwrap();
+        assert!(e.message.contains("1500 ms"));
+        assert_eq!(Outcome::EvictedTtl.label(), "EvictedTTL");
+    }
+}

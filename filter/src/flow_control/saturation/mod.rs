@@ -1,0 +1,110 @@
+//! Saturation detectors: how full the pool is. A value ≥ 1.0 means saturated (dispatch
+//! halts); values above 1 measure the depth of overload.
+
+pub mod concurrency;
+pub mod utilization;
+
+use crate::config::ConfigError;
+use serde_json::Value;
+
+/// One endpoint's scraped load, as the utilization detector reads it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EndpointLoad {
+    /// Requests waiting in the model server's queue, plus those the gateway sent since
+    /// the scrape (which the scrape cannot show yet).
+    pub waiting: f64,
+    /// KV-cache usage, 0..1.
+    pub kv_usage: f64,
+    /// When the metrics were scraped (ms); `None` if never.
+    pub updated_ms: Option<u64>,
+}
+
+/// The pool as the detectors see it at one instant.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolLoad<'a> {
+    /// Scraped load of every candidate endpoint.
+    pub endpoints: &'a [EndpointLoad],
+    /// Number of endpoints in the pool (for capacity-based detectors).
+    pub endpoint_count: usize,
+    /// Requests dispatched by the gateway and not finished, pool-wide.
+    pub in_flight_requests: u64,
+    /// Their estimated tokens.
+    pub in_flight_tokens: u64,
+    /// Now (ms).
+    pub now_ms: u64,
+}
+
+/// A configured detector.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Detector {
+    /// `utilization-detector` (the default).
+    Utilization(utilization::Params),
+    /// `concurrency-detector`.
+    Concurrency(concurrency::Params),
+}
+
+impl Default for Detector {
+    fn default() -> Self {
+        Detector::Utilization(utilization::Params::default())
+    }
+}
+
+impl Detector {
+    /// Every detector type name, for error messages.
+    pub const TYPES: [&'static str; 2] = [utilization::TYPE, concurrency::TYPE];
+
+    /// Builds a detector from its plugin type and parameters; `path` names the
+    /// parameters in errors.
+    pub fn from_plugin(
+        type_name: &str,
+        params: &Value,
+        path: &str,
+    ) -> Result<Option<Self>, ConfigError> {
+        Ok(match type_name {
+            utilization::TYPE => Some(Self::Utilization(utilization::Params::parse(params, path)?)),
+            concurrency::TYPE => Some(Self::Concurrency(concurrency::Params::parse(params, path)?)),
+            _ => None,
+        })
+    }
+
+    /// The pool's saturation.
+    pub fn saturation(&self, pool: &PoolLoad<'_>) -> f64 {
+        match self {
+            Self::Utilization(p) => p.saturation(pool.endpoints, pool.now_ms),
+            Self::Concurrency(p) => p.saturation(pool),
+        }
+    }
+}
+
+/// Reads an optional number parameter.
+pub(crate) fn number(params: &Value, key: &str, path: &str) -> Result<Option<f64>, ConfigError> {
+    match params.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| ConfigError {
+            path: format!("{path}.{key}"),
+            reason: "must be a number".into(),
+        }),
+    }
+}
+
+/// Refuses parameters the detector does not have.
+pub(crate) fn only_params(params: &Value, known: &[&str], path: &str) -> Result<(), ConfigError> {
+    match params {
+        Value::Null => Ok(()),
+        Value::Object(map) => {
+            for key in map.keys() {
+                if !known.contains(&key.as_str()) {
+                    return Err(ConfigError {
+                        path: format!("{path}.{key}"),
+                        reason: format!("unknown parameter; expected one of: {}", known.join(", ")),
+                    });
+                }
+            }
+            Ok(())
+        }
+        _ => Err(ConfigError {
+            path: path.to_string(),
+            reason: "must be an object".into(),
+        }),
+    }
+}

@@ -1,0 +1,241 @@
+//! `utilization-detector`: the unweighted mean over endpoints of each endpoint's
+//! "roofline" `max(waiting / queueDepthThreshold, kv / kvCacheUtilThreshold)`; an
+//! endpoint with stale or missing metrics counts 1.0, and an empty pool is 1.0.
+//! `headroom` only loosens the filter role, as in the reference.
+
+use super::{number, only_params, EndpointLoad};
+use crate::config::ConfigError;
+use crate::flow_control::duration;
+use serde_json::Value;
+
+/// Plugin type name.
+pub const TYPE: &str = "utilization-detector";
+
+/// Parameters, with the reference's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    /// `queueDepthThreshold` (default 5).
+    pub queue_depth_threshold: f64,
+    /// `kvCacheUtilThreshold` (default 0.8), in (0, 1].
+    pub kv_cache_util_threshold: f64,
+    /// `metricsStalenessThreshold` (default 200ms).
+    pub staleness_ms: u64,
+    /// `headroom` (default 0).
+    pub headroom: f64,
+    /// `stalenessPolicy` (llm-d): `saturated` (default, as the reference: a stale
+    /// endpoint counts 1.0) or `ignore` (stale endpoints leave the mean; all stale → 1.0).
+    pub ignore_stale: bool,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Self {
+            queue_depth_threshold: 5.0,
+            kv_cache_util_threshold: 0.8,
+            staleness_ms: 200,
+            headroom: 0.0,
+            ignore_stale: false,
+        }
+    }
+}
+
+impl Params {
+    /// Parses and validates the plugin parameters.
+    pub fn parse(params: &Value, path: &str) -> Result<Self, ConfigError> {
+        only_params(
+            params,
+            &[
+                "queueDepthThreshold",
+                "kvCacheUtilThreshold",
+                "metricsStalenessThreshold",
+                "headroom",
+                "stalenessPolicy",
+            ],
+            path,
+        )?;
+        let err = |key: &str, reason: &str| ConfigError {
+            path: format!("{path}.{key}"),
+            reason: reason.into(),
+        };
+        let mut p = Params::default();
+        if let Some(q) = number(params, "queueDepthThreshold", path)? {
+            if q <= 0.0 || q.fract() != 0.0 {
+                return Err(err("queueDepthThreshold", "must be a positive integer"));
+            }
+            p.queue_depth_threshold = q;
+        }
+        if let Some(k) = number(params, "kvCacheUtilThreshold", path)? {
+            if !(k > 0.0 && k <= 1.0) {
+                return Err(err("kvCacheUtilThreshold", "must be in (0, 1]"));
+            }
+            p.kv_cache_util_threshold = k;
+        }
+        if let Some(v) = params.get("metricsStalenessThreshold") {
+            let s = v.as_str().ok_or_else(|| {
+                err(
+                    "metricsStalenessThreshold",
+                    "must be a duration string such as \"200ms\"",
+                )
+            })?;
+            let ms = duration::parse_ms(s).map_err(|r| err("metricsStalenessThreshold", &r))?;
+            if ms == 0 {
+                return Err(err("metricsStalenessThreshold", "must be positive"));
+            }
+            p.staleness_ms = ms;
+        }
+        if let Some(h) = number(params, "headroom", path)? {
+            if h < 0.0 {
+                return Err(err("headroom", "must be non-negative"));
+            }
+            p.headroom = h;
+        }
+        if let Some(v) = params.get("stalenessPolicy") {
+            p.ignore_stale = match v.as_str() {
+                Some("saturated") => false,
+                Some("ignore") => true,
+                _ => {
+                    return Err(err(
+                        "stalenessPolicy",
+                        "must be \"saturated\" or \"ignore\"",
+                    ))
+                }
+            };
+        }
+        Ok(p)
+    }
+
+    fn fresh(&self, e: &EndpointLoad, now_ms: u64) -> bool {
+        e.updated_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) <= self.staleness_ms)
+    }
+
+    /// One endpoint's score.
+    pub fn endpoint_score(&self, e: &EndpointLoad, now_ms: u64) -> f64 {
+        if !self.fresh(e, now_ms) {
+            return 1.0;
+        }
+        (e.waiting / self.queue_depth_threshold).max(e.kv_usage / self.kv_cache_util_threshold)
+    }
+
+    /// The pool's saturation: mean endpoint score; 1.0 for an empty pool (and, with
+    /// `stalenessPolicy: ignore`, for a pool with no fresh endpoint).
+    pub fn saturation(&self, endpoints: &[EndpointLoad], now_ms: u64) -> f64 {
+        let counted: Vec<&EndpointLoad> = endpoints
+            .iter()
+            .filter(|e| !self.ignore_stale || self.fresh(e, now_ms))
+            .collect();
+        if counted.is_empty() {
+            return 1.0;
+        }
+        let sum: f64 = counted.iter().map(|e| self.endpoint_score(e, now_ms)).sum();
+        sum / counted.len() as f64
+    }
+
+    /// Filter role: the endpoints with fresh metrics under both thresholds (loosened by
+    /// `headroom`); all of them if none qualifies (fail open).
+    pub fn keep(&self, endpoints: &[EndpointLoad], now_ms: u64) -> Vec<bool> {
+        let q = self.queue_depth_threshold * (1.0 + self.headroom);
+        let k = self.kv_cache_util_threshold * (1.0 + self.headroom);
+        let keep: Vec<bool> = endpoints
+            .iter()
+            .map(|e| self.fresh(e, now_ms) && e.waiting < q && e.kv_usage < k)
+            .collect();
+        if keep.iter().any(|k| *k) {
+            keep
+        } else {
+            vec![true; endpoints.len()]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    fn ep(waiting: f64, kv_usage: f64, updated_ms: Option<u64>) -> EndpointLoad {
+        EndpointLoad {
+            waiting,
+            kv_usage,
+            updated_ms,
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn mean_of_rooflines_with_stale_endpoints_counting_full() {
+        let p = Params::default();
+        let now = 1_000;
+        let pool = [
+            ep(5.0, 0.4, Some(now)),       // queue 5/5 = 1.0, kv 0.5 → 1.0
+            ep(1.0, 0.4, Some(now)),       // 0.2 vs 0.5 → 0.5
+            ep(0.0, 0.0, Some(now - 201)), // stale → 1.0
+            ep(0.0, 0.0, None),            // never scraped → 1.0
+        ];
+        assert!((p.saturation(&pool, now) - (1.0 + 0.5 + 1.0 + 1.0) / 4.0).abs() < 1e-9);
+        assert_eq!(p.saturation(&[], now), 1.0);
+        // Overload reads above 1.
+        assert!((p.saturation(&[ep(10.0, 0.0, Some(now))], now) - 2.0).abs() < 1e-9);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn staleness_policy_ignore_leaves_stale_endpoints_out() {
+        let p = Params {
+            ignore_stale: true,
+            ..Params::default()
+        };
+        let now = 1_000;
+        let pool = [ep(1.0, 0.0, Some(now)), ep(0.0, 0.0, None)];
+        assert!((p.saturation(&pool, now) - 0.2).abs() < 1e-9);
+        assert_eq!(p.saturation(&[ep(0.0, 0.0, None)], now), 1.0);
+        let parsed = Params::parse(&json!({"stalenessPolicy": "ignore"}), "p").unwrap();
+        assert!(parsed.ignore_stale);
+        assert_eq!(
+            Params::parse(&json!({"stalenessPolicy": "maybe"}), "p")
+                .unwrap_err()
+                .path,
+            "p.stalenessPolicy"
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn filter_keeps_the_unloaded_and_fails_open() {
+        let p = Params {
+            headroom: 0.2,
+            ..Params::default()
+        };
+        let now = 5;
+        let pool = [
+            ep(5.9, 0.1, Some(now)),
+            ep(6.0, 0.1, Some(now)),
+            ep(0.0, 0.95, Some(now)),
+        ];
+        // waiting < 6.0 and kv < 0.96
+        assert_eq!(p.keep(&pool, now), vec![true, false, true]);
+        assert_eq!(p.keep(&[ep(9.0, 0.0, Some(now))], now), vec![true]);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn parameters_are_validated_by_name() {
+        let ok = Params::parse(
+            &json!({"queueDepthThreshold": 10, "kvCacheUtilThreshold": 0.9,
+            "metricsStalenessThreshold": "1s", "headroom": 0.1}),
+            "plugins[0].parameters",
+        )
+        .unwrap();
+        assert_eq!(ok.staleness_ms, 1000);
+        for (params, field) in [
+            (json!({"queueDepthThreshold": 0}), "queueDepthThreshold"),
+            (json!({"kvCacheUtilThreshold": 1.5}), "kvCacheUtilThreshold"),
+            (
+                json!({"metricsStalenessThreshold": "fast"}),
+                "metricsStalenessThreshold",
+            ),
+            (json!({"headroom": -1}), "headroom"),
+            (json!({"queueDepth": 3}), "queueDepth"),
+        ] {
+            let e = Params::parse(&params, "p").unwrap_err();
+            assert_eq!(e.path, format!("p.{field}"), "{params}");
+        }
+    }
+}

@@ -1,0 +1,616 @@
+//! Flow control on Envoy's callbacks: admission on the request path, parking the
+//! stream, and waking it when the global dispatcher grants it — on this VM or, through
+//! a message to its inbox queue, on the VM that holds it.
+//!
+//! Every decision is one CAS of the shared state (`flow_control::state`); this module
+//! only moves streams: `set_effective_context` + destination header + resume, or a local
+//! reply. Wake-ups and replies are capped per callback (V8's stack, see the Envoy facts).
+
+use super::route::RouteInput;
+use super::vm::{self, Running, Waiting};
+use super::{host, route, state, stats, store::HostStore};
+use crate::config::Config;
+use crate::errors::ApiError;
+use crate::flow_control::ordering::OrderInputs;
+use crate::flow_control::outcome::Outcome;
+use crate::flow_control::parked::ParkedRequest;
+use crate::flow_control::saturation::{concurrency, EndpointLoad, PoolLoad};
+use crate::flow_control::state::{
+    Admission, Cancelled, FlowRef, FlowState, Grant, Head, HEADS_PER_QUEUE, STATE_KEY,
+};
+use crate::metrics;
+use crate::shared_store::{ensure, read, update};
+
+/// Most streams woken or answered in one callback.
+pub const MAX_WAKES_PER_CALLBACK: usize = 64;
+/// Prefix of each VM's inbox queue name (followed by the VM id).
+pub const INBOX_PREFIX: &str = "epp.v1.inbox.";
+
+/// What flow control needs to know about a request.
+pub struct RequestMeta<'a> {
+    /// `x-gateway-inference-fairness-id` (or its default).
+    pub fairness_id: &'a str,
+    /// The priority of its objective.
+    pub priority: i32,
+    /// Its `model`.
+    pub model: &'a str,
+    /// Body bytes.
+    pub bytes: u64,
+    /// When its headers arrived (µs).
+    pub received_us: u64,
+    /// `x-slo-ttft-ms`.
+    pub slo_ttft_ms: Option<u64>,
+    /// What routing needs when the request is released.
+    pub route: &'a RouteInput,
+}
+
+/// The admission decision.
+pub enum Admit {
+    /// Route it now; `flow_controlled` when counted in flight by flow control.
+    Go {
+        /// Counted by flow control (tell it when the request finishes).
+        flow_controlled: bool,
+        /// Token estimate.
+        tokens: u64,
+    },
+    /// Parked: the stream stays paused until released.
+    Parked,
+    /// Refused: answer with this error.
+    Reject(ApiError),
+}
+
+/// Scraped endpoint loads for the utilization detector, from the data layer's snapshots
+/// (an endpoint not scraped yet reads as never scraped, i.e. saturated until it is).
+fn endpoint_loads(config: &Config) -> Vec<EndpointLoad> {
+    let Some(rt) = state::runtime() else {
+        return Vec::new();
+    };
+    state::with_view(rt.config.pool.discovery.is_some(), |v| {
+        config
+            .pool
+            .endpoints
+            .iter()
+            .chain(v.discovered.iter())
+            .map(|e| match v.snapshots.get(&e.address) {
+                Some(s) if !s.failing && s.updated_ms != 0 => EndpointLoad {
+                    waiting: s.waiting as f64,
+                    kv_usage: s.kv_usage,
+                    updated_ms: Some(u64::try_from(s.updated_ms).unwrap_or(0)),
+                },
+                _ => EndpointLoad {
+                    waiting: 0.0,
+                    kv_usage: 0.0,
+                    updated_ms: None,
+                },
+            })
+            .collect()
+    })
+}
+
+/// The pool's saturation for `state` (in-flight counts come from the shared state).
+fn saturation(config: &Config, loads: &[EndpointLoad], state: &FlowState, now_ms: u64) -> f64 {
+    config.flow.detector.saturation(&PoolLoad {
+        endpoints: loads,
+        endpoint_count: config.pool.endpoints.len(),
+        in_flight_requests: state.in_flight(),
+        in_flight_tokens: state.in_flight_tokens(),
+        now_ms,
+    })
+}
+
+fn queue_labels<'a>(
+    config: &'a Config,
+    fairness_id: &'a str,
+    priority: &'a str,
+    model: &'a str,
+) -> [&'a str; 5] {
+    [fairness_id, priority, &config.pool.name, model, model]
+}
+
+/// Records a request's final outcome in the queue metrics.
+fn finalize(config: &Config, w: &Waiting, outcome: Outcome, parked: bool, now_us: u64) {
+    let priority = w.priority.to_string();
+    if parked {
+        let labels = queue_labels(config, &w.fairness_id, &priority, &w.model);
+        stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, -1);
+        stats::add(
+            &metrics::FLOW_QUEUE_BYTES,
+            &labels,
+            -i64::try_from(w.bytes).unwrap_or(0),
+        );
+    }
+    stats::record(
+        &metrics::FLOW_QUEUE_DURATION,
+        &[
+            &w.fairness_id,
+            &priority,
+            outcome.label(),
+            &config.pool.name,
+            &w.model,
+            &w.model,
+        ],
+        now_us.saturating_sub(w.enqueue_us),
+    );
+}
+
+/// Admits a request whose body has arrived (its stream is the current one).
+pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
+    let tokens = concurrency::estimate_tokens(req.bytes);
+    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+        return Admit::Go {
+            flow_controlled: false,
+            tokens,
+        };
+    };
+    let now_us = host::now_us().unwrap_or(0);
+    let now_ms = now_us / 1000;
+    let loads = endpoint_loads(&config);
+    if !config.flow.enabled {
+        // Legacy admission: only sheddable requests, only while saturated.
+        if req.priority < 0 {
+            let state: FlowState = read(&HostStore, STATE_KEY)
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            if saturation(&config, &loads, &state, now_ms) >= 1.0 {
+                return Admit::Reject(ApiError {
+                    status: 429,
+                    kind: "rate_limit_error",
+                    message: "system saturated, sheddable request dropped".into(),
+                    param: None,
+                });
+            }
+        }
+        return Admit::Go {
+            flow_controlled: false,
+            tokens,
+        };
+    }
+    let control = &config.flow.control;
+    let band = control.band(req.priority);
+    let key = band.ordering.key(&OrderInputs {
+        enqueue_ms: now_ms,
+        received_ms: req.received_us / 1000,
+        ttl_ms: control.default_ttl_ms,
+        slo_ttft_ms: req.slo_ttft_ms,
+    });
+    let head = Head {
+        primary: key.primary,
+        secondary: key.secondary,
+        bytes: req.bytes,
+        tokens,
+    };
+    let me = vm::id();
+    let waiting = Waiting {
+        model: req.model.to_string(),
+        fairness_id: req.fairness_id.to_string(),
+        priority: req.priority,
+        bytes: req.bytes,
+        tokens,
+        enqueue_us: now_us,
+        route: req.route.clone(),
+    };
+    let decided = vm::with(|vm| {
+        // Parked first, so the heads published with it include it.
+        vm.parked.park(ParkedRequest {
+            ctx,
+            flow: (req.priority, req.fairness_id.to_string()),
+            key,
+            head,
+            enqueue_ms: now_ms,
+            deadline_ms: (control.default_ttl_ms > 0).then(|| now_ms + control.default_ttl_ms),
+            data: waiting.clone(),
+        });
+        let parked = &vm.parked;
+        let result = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
+            s.admit(
+                me,
+                FlowRef {
+                    priority: req.priority,
+                    fairness_id: req.fairness_id,
+                },
+                head,
+                control,
+                &band,
+                now_ms,
+                &|s| saturation(&config, &loads, s, now_ms),
+                &|skip| parked.heads(req.priority, req.fairness_id, skip, HEADS_PER_QUEUE),
+            )
+        });
+        if !matches!(result, Ok(Admission::Queued)) {
+            vm.parked.remove(ctx);
+        }
+        result
+    });
+    let priority = req.priority.to_string();
+    let outcome_label = |o: Outcome| {
+        stats::record(
+            &metrics::FLOW_ENQUEUE_DURATION,
+            &[req.fairness_id, &priority, o.label()],
+            host::now_us().unwrap_or(now_us).saturating_sub(now_us),
+        );
+    };
+    match decided {
+        Some(Ok(Admission::Dispatch)) => {
+            outcome_label(Outcome::Dispatched);
+            finalize(&config, &waiting, Outcome::Dispatched, false, now_us);
+            Admit::Go {
+                flow_controlled: true,
+                tokens,
+            }
+        }
+        Some(Ok(Admission::Queued)) => {
+            let labels = queue_labels(&config, req.fairness_id, &priority, req.model);
+            stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, 1);
+            stats::add(
+                &metrics::FLOW_QUEUE_BYTES,
+                &labels,
+                i64::try_from(req.bytes).unwrap_or(i64::MAX),
+            );
+            Admit::Parked
+        }
+        Some(Ok(Admission::Rejected(limit))) => {
+            let outcome = Outcome::RejectedCapacity(limit);
+            outcome_label(outcome);
+            finalize(&config, &waiting, outcome, false, now_us);
+            match outcome.error(control.default_ttl_ms) {
+                Some(e) => Admit::Reject(e),
+                None => Admit::Go {
+                    flow_controlled: false,
+                    tokens,
+                },
+            }
+        }
+        Some(Err(e)) => {
+            // The shared state is unusable: serve rather than hold requests forever.
+            log::error!("flow control state unavailable ({e:?}); admitting without it");
+            Admit::Go {
+                flow_controlled: false,
+                tokens,
+            }
+        }
+        None => Admit::Go {
+            flow_controlled: false,
+            tokens,
+        },
+    }
+}
+
+/// A request routed upstream finished: free its slot and dispatch what waits.
+/// `current` is the context making the call (restored after waking others).
+pub fn finished(running: &Running, current: u32) {
+    if !running.flow_controlled {
+        return;
+    }
+    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+        return;
+    };
+    let me = vm::id();
+    let now_ms = host::now_ms().unwrap_or(0).unsigned_abs();
+    let loads = endpoint_loads(&config);
+    let grants = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
+        s.finish(me, running.tokens, now_ms);
+        dispatch_cycle(&config, &loads, s, now_ms)
+    });
+    match grants {
+        Ok(g) => deliver(&g, current),
+        Err(e) => log::warn!("flow control: finishing a request failed: {e:?}"),
+    }
+}
+
+fn dispatch_cycle(
+    config: &Config,
+    loads: &[EndpointLoad],
+    s: &mut FlowState,
+    now_ms: u64,
+) -> Vec<Grant> {
+    let started = host::now_us().unwrap_or(0);
+    let grants = s.dispatch(&config.flow.control, now_ms, MAX_WAKES_PER_CALLBACK, &|s| {
+        saturation(config, loads, s, now_ms)
+    });
+    let sat = saturation(config, loads, s, now_ms);
+    stats::record(
+        &metrics::FLOW_POOL_SATURATION,
+        &[&config.pool.name],
+        (sat * 1000.0).round() as u64,
+    );
+    stats::record(
+        &metrics::FLOW_DISPATCH_CYCLE_DURATION,
+        &[],
+        host::now_us().unwrap_or(started).saturating_sub(started),
+    );
+    grants
+}
+
+/// Hands grants to their VMs: this VM's are taken at once, others get a message.
+fn deliver(grants: &[Grant], current: u32) {
+    let me = vm::id();
+    let mut nudged: Vec<u64> = Vec::new();
+    for g in grants {
+        if g.vm != me && !nudged.contains(&g.vm) {
+            nudged.push(g.vm);
+            nudge(g.vm);
+        }
+    }
+    if grants.iter().any(|g| g.vm == me) {
+        take_and_wake(current);
+    }
+}
+
+/// Tells VM `target` it has grants (it also finds them on its next tick).
+fn nudge(target: u64) {
+    let name = format!("{INBOX_PREFIX}{target}");
+    let queue = vm::with(|vm| (vm.peers.get(&target).copied(), vm.plugin_vm_id.clone()));
+    let Some((cached, plugin_vm_id)) = queue else {
+        return;
+    };
+    let id = match cached {
+        Some(id) => Some(id),
+        None => match host::resolve_queue(&plugin_vm_id, &name) {
+            Ok(Some(id)) => {
+                vm::with(|vm| vm.peers.insert(target, id));
+                Some(id)
+            }
+            Ok(None) => None,
+            Err(status) => {
+                log::warn!("cannot resolve inbox of VM {target}: status {status}");
+                None
+            }
+        },
+    };
+    if let Some(id) = id {
+        if let Err(status) = host::enqueue(id, b"g") {
+            log::warn!("cannot message VM {target}: status {status}");
+            vm::with(|vm| vm.peers.remove(&target));
+        }
+    }
+}
+
+/// Takes this VM's pending grants (bounded) and resumes that many parked streams.
+pub fn take_and_wake(current: u32) {
+    let me = vm::id();
+    let now_ms = host::now_ms().unwrap_or(0).unsigned_abs();
+    let released = vm::with(|vm| {
+        let parked = &vm.parked;
+        let taken = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
+            let taken = s.take_grants(me, now_ms, MAX_WAKES_PER_CALLBACK, &|p, id, skip| {
+                parked.heads(p, id, skip, HEADS_PER_QUEUE)
+            });
+            (taken, s.has_grants(me))
+        });
+        let (taken, more) = match taken {
+            Ok(t) => t,
+            Err(e) => {
+                log::warn!("flow control: taking grants failed: {e:?}");
+                return (Vec::new(), false, 0);
+            }
+        };
+        let mut out = Vec::new();
+        let mut missing = 0u64;
+        for (priority, id, n) in taken {
+            for _ in 0..n {
+                match vm.parked.pop_best(priority, &id) {
+                    Some(r) => out.push(r),
+                    None => missing += 1,
+                }
+            }
+        }
+        (out, more, missing)
+    });
+    let Some((released, more, missing)) = released else {
+        return;
+    };
+    for _ in 0..missing {
+        // A grant found nothing to release (cannot happen while the invariant holds):
+        // give its slot back rather than leak it.
+        let _ = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
+            s.finish(me, 0, now_ms)
+        });
+    }
+    for r in released {
+        wake(r, current);
+    }
+    if more {
+        nudge(me);
+    }
+}
+
+/// Resumes one released stream: route it, or answer it if it cannot be routed.
+fn wake(r: ParkedRequest<Waiting>, current: u32) {
+    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+        return;
+    };
+    let me = vm::id();
+    let now_us = host::now_us().unwrap_or(0);
+    let w = r.data;
+    finalize(&config, &w, Outcome::Dispatched, true, now_us);
+    let give_back = |tokens: u64| {
+        let now_ms = now_us / 1000;
+        let _ = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
+            s.finish(me, tokens, now_ms)
+        });
+    };
+    if host::set_effective_context(r.ctx).is_err() {
+        // The stream is gone (its on_done has not run yet): free the slot.
+        give_back(w.tokens);
+        return;
+    }
+    let routed = match state::runtime() {
+        Some(rt) => route::route(me, r.ctx, &rt, &w.route, None, w.tokens),
+        None => Err(ApiError::internal("the filter is not configured")),
+    };
+    match routed {
+        Ok(endpoint) => {
+            if let Err(status) = host::resume_request() {
+                log::error!("cannot resume a released request: status {status}");
+            }
+            vm::with(|vm| {
+                vm.running.insert(
+                    r.ctx,
+                    Running {
+                        endpoint,
+                        model: w.model.clone(),
+                        tokens: w.tokens,
+                        flow_controlled: true,
+                    },
+                )
+            });
+        }
+        Err(e) => {
+            give_back(w.tokens);
+            route::reply(&e, &w.model, &[]);
+        }
+    }
+    let _ = host::set_effective_context(current);
+}
+
+/// A parked request's stream ended (client gone): remove it and free what it held.
+/// Returns whether it was parked here.
+pub fn cancelled(ctx: u32, current: u32) -> bool {
+    let Some(Some(r)) = vm::with(|vm| vm.parked.remove(ctx)) else {
+        return false;
+    };
+    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+        return true;
+    };
+    let now_us = host::now_us().unwrap_or(0);
+    finalize(
+        &config,
+        &r.data,
+        Outcome::EvictedContextCancelled,
+        true,
+        now_us,
+    );
+    if let Some(Ok(Cancelled::GrantReturned)) = evict_from_state(&r) {
+        // Its slot came back: give it to the next request.
+        let now_ms = now_us / 1000;
+        let loads = endpoint_loads(&config);
+        if let Ok(g) = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
+            dispatch_cycle(&config, &loads, s, now_ms)
+        }) {
+            deliver(&g, current);
+        }
+    }
+    true
+}
+
+fn evict_from_state(
+    r: &ParkedRequest<Waiting>,
+) -> Option<Result<Cancelled, crate::shared_store::StoreError>> {
+    let me = vm::id();
+    let now_ms = host::now_ms().unwrap_or(0).unsigned_abs();
+    vm::with(|vm| {
+        let parked = &vm.parked;
+        let (priority, id) = (r.flow.0, r.flow.1.as_str());
+        update(&HostStore, STATE_KEY, |s: &mut FlowState| {
+            s.cancel(
+                me,
+                FlowRef {
+                    priority,
+                    fairness_id: id,
+                },
+                r.head,
+                now_ms,
+                &|skip| parked.heads(priority, id, skip, HEADS_PER_QUEUE),
+            )
+        })
+    })
+}
+
+/// Answers parked requests with `outcome`'s error (TTL expiry, shutdown), at most
+/// [`MAX_WAKES_PER_CALLBACK`]. Returns how many were answered.
+fn evict(ctxs: Vec<u32>, outcome: Outcome, current: u32) -> usize {
+    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+        return 0;
+    };
+    let mut n = 0;
+    for ctx in ctxs.into_iter().take(MAX_WAKES_PER_CALLBACK) {
+        let Some(Some(r)) = vm::with(|vm| vm.parked.remove(ctx)) else {
+            continue;
+        };
+        let now_us = host::now_us().unwrap_or(0);
+        finalize(&config, &r.data, outcome, true, now_us);
+        if let Some(Ok(Cancelled::GrantReturned)) = evict_from_state(&r) {
+            log::debug!("an evicted request's grant was returned");
+        }
+        if host::set_effective_context(ctx).is_ok() {
+            if let Some(e) = outcome.error(config.flow.control.default_ttl_ms) {
+                route::reply(&e, &r.data.model, &[]);
+            }
+        }
+        n += 1;
+    }
+    let _ = host::set_effective_context(current);
+    n
+}
+
+/// Periodic work of every VM (the root's tick): TTL expiry, grants whose message was
+/// lost, a dispatch cycle (saturation may have dropped), and liveness.
+pub fn on_tick(root: u32) {
+    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+        return;
+    };
+    if !config.flow.enabled {
+        return;
+    }
+    let now_ms = host::now_ms().unwrap_or(0).unsigned_abs();
+    let expired =
+        vm::with(|vm| vm.parked.expired(now_ms, MAX_WAKES_PER_CALLBACK)).unwrap_or_default();
+    evict(expired, Outcome::EvictedTtl, root);
+    let me = vm::id();
+    let loads = endpoint_loads(&config);
+    let grants = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
+        s.heartbeat(me, now_ms);
+        if s.queued(None) > 0 {
+            dispatch_cycle(&config, &loads, s, now_ms)
+        } else {
+            Vec::new()
+        }
+    });
+    match grants {
+        Ok(g) => deliver(&g, root),
+        Err(e) => log::warn!("flow control tick failed: {e:?}"),
+    }
+    take_and_wake(root);
+}
+
+/// The inbox queue has messages: drain it and take this VM's grants.
+pub fn on_inbox(root: u32) {
+    let Some(queue) = vm::with(|vm| vm.inbox).flatten() else {
+        return;
+    };
+    for _ in 0..1024 {
+        match host::dequeue(queue) {
+            Ok(Some(_)) => continue,
+            Ok(None) => break,
+            Err(status) => {
+                log::warn!("inbox dequeue failed: status {status}");
+                break;
+            }
+        }
+    }
+    take_and_wake(root);
+}
+
+/// Prepares flow control for this VM at configure time: its inbox and the shared state.
+pub fn configure() {
+    let me = vm::id();
+    match host::register_queue(&format!("{INBOX_PREFIX}{me}")) {
+        Ok(id) => {
+            vm::with(|vm| vm.inbox = Some(id));
+        }
+        Err(status) => log::warn!("cannot register the inbox queue: status {status}"),
+    }
+    if let Err(e) = ensure(&HostStore, STATE_KEY) {
+        log::warn!("cannot create the flow control state: {e:?}");
+    }
+}
+
+/// The plugin is going away: answer parked requests with 500 (a batch per call).
+/// Returns whether nothing is left parked.
+pub fn shutdown(root: u32) -> bool {
+    vm::with(|vm| vm.draining = true);
+    let some = vm::with(|vm| vm.parked.some(MAX_WAKES_PER_CALLBACK)).unwrap_or_default();
+    evict(some, Outcome::EvictedOther, root);
+    vm::with(|vm| vm.parked.is_empty()).unwrap_or(true)
+}

@@ -1,0 +1,114 @@
+//! This VM's state, shared by its root context and its HTTP contexts. Envoy runs one
+//! VM per thread, so a thread-local is the VM's memory. Access goes through [`with`],
+//! which never nests (a nested borrow would panic and kill the VM: it logs instead).
+
+use super::{host, store::HostStore};
+use crate::config::Config;
+use crate::flow_control::parked::Parked;
+use crate::shared_store::update;
+use prost::Message;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// Shared-data key of the counter that hands out VM ids.
+const VM_SEQ_KEY: &str = "epp.v1.vm-seq";
+
+/// A request parked by flow control, with what is needed to route it when released.
+#[derive(Debug, Clone)]
+pub struct Waiting {
+    /// `model` of the request.
+    pub model: String,
+    /// Flow: fairness id.
+    pub fairness_id: String,
+    /// Flow: priority.
+    pub priority: i32,
+    /// Body bytes.
+    pub bytes: u64,
+    /// Token estimate.
+    pub tokens: u64,
+    /// When it entered flow control (µs).
+    pub enqueue_us: u64,
+    /// What routing needs when it is released.
+    pub route: super::route::RouteInput,
+}
+
+/// A request sent upstream and not finished.
+#[derive(Debug, Clone)]
+pub struct Running {
+    /// The endpoint it went to.
+    pub endpoint: String,
+    /// Its model.
+    pub model: String,
+    /// Token estimate.
+    pub tokens: u64,
+    /// Whether flow control counted it in flight (and must be told it finished).
+    pub flow_controlled: bool,
+}
+
+/// The VM's state.
+#[derive(Default)]
+pub struct Vm {
+    /// Process-unique id (0 until allocated).
+    pub id: u64,
+    /// The root context's id (to restore after waking other streams).
+    pub root_context: u32,
+    /// The current configuration.
+    pub config: Rc<Config>,
+    /// Requests parked by flow control on this VM.
+    pub parked: Parked<Waiting>,
+    /// Requests routed upstream from this VM, by context id.
+    pub running: HashMap<u32, Running>,
+    /// This VM's inbox queue id, once registered.
+    pub inbox: Option<u32>,
+    /// Other VMs' inbox queue ids, by VM id.
+    pub peers: HashMap<u64, u32>,
+    /// Envoy's `vm_id` of this plugin (to resolve other VMs' queues).
+    pub plugin_vm_id: String,
+    /// The plugin is shutting down: parked requests are being answered.
+    pub draining: bool,
+}
+
+thread_local! {
+    static VM: RefCell<Vm> = RefCell::new(Vm::default());
+}
+
+/// Runs `f` on the VM state; `None` (logged) if the state is already borrowed.
+pub fn with<R>(f: impl FnOnce(&mut Vm) -> R) -> Option<R> {
+    VM.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut vm) => Some(f(&mut vm)),
+        Err(_) => {
+            log::error!("internal: nested access to the VM state");
+            None
+        }
+    })
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Seq {
+    #[prost(uint64, tag = "1")]
+    next: u64,
+}
+
+/// This VM's process-unique id, allocated from a shared counter on first use.
+pub fn id() -> u64 {
+    let known = with(|vm| vm.id).unwrap_or(0);
+    if known != 0 {
+        return known;
+    }
+    let id = match update(&HostStore, VM_SEQ_KEY, |s: &mut Seq| {
+        s.next += 1;
+        s.next
+    }) {
+        Ok(id) => id,
+        Err(e) => {
+            // Without a unique id this VM's counts could merge with another's; a
+            // clock-derived id is unique enough and keeps requests flowing.
+            let fallback = host::now_ms().map_or(u64::MAX, |t| t.unsigned_abs() | (1 << 63));
+            log::warn!("cannot allocate a VM id ({e:?}); using {fallback}");
+            fallback
+        }
+    };
+    with(|vm| vm.id = id);
+    id
+}

@@ -1,0 +1,70 @@
+//! Benchmark: 10,000 requests through a simulated 4-worker Envoy running the real filter
+//! in front of 8 simulated model servers. Prints the wall time (not a test: nothing is
+//! asserted beyond every request having an outcome).
+//!
+//! `cargo run --release -p host-sim --bin host-sim-bench [-- REQUESTS [SEED]]`
+
+use host_sim::world::clock::Rng;
+use host_sim::{ms, Final, Poisson, Sim, SimConfig, SimpleUpstream};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let requests: usize = args.next().map_or(Ok(10_000), |a| a.parse())?;
+    let seed: u64 = args.next().map_or(Ok(1), |a| a.parse())?;
+    let eps: Vec<String> = (1..=8).map(|i| format!("10.0.0.{i}:8000")).collect();
+    let config = serde_json::json!({"pool": {"endpoints": eps}}).to_string();
+    let mut cfg = SimConfig::new(&config).workers(4).seed(seed);
+    cfg.check_invariants = false;
+
+    let t0 = Instant::now();
+    let mut sim = Sim::new(cfg)?;
+    let setup = t0.elapsed();
+    for e in &eps {
+        sim.add_endpoint(
+            e,
+            Box::new(
+                SimpleUpstream::new(e)
+                    .ttft(ms(20))
+                    .itl(ms(5))
+                    .max_running(64),
+            ),
+        );
+    }
+    let mut w = Poisson::new(1000.0, requests, "sim-model");
+    w.start = ms(10);
+    w.tenants = vec![("a".into(), 2.0), ("b".into(), 1.0)];
+    w.prefix_groups = 8;
+    w.max_tokens = (8, 24);
+    sim.add_requests(w.generate(&mut Rng::new(seed, 9)));
+    let t1 = Instant::now();
+    sim.run()?;
+    let run = t1.elapsed();
+
+    let mut status: BTreeMap<String, usize> = BTreeMap::new();
+    let mut per_ep: BTreeMap<String, usize> = BTreeMap::new();
+    for o in sim.outcomes() {
+        let k = match o.fin {
+            Final::Response => o.status.map_or("none".into(), |s| s.to_string()),
+            f => format!("{f:?}"),
+        };
+        *status.entry(k).or_default() += 1;
+        if let Some(e) = &o.endpoint {
+            *per_ep.entry(e.clone()).or_default() += 1;
+        }
+    }
+    let (events, calls) = sim.counts();
+    println!("requests        {requests}");
+    println!("workers/servers 4 / 8");
+    println!("virtual time    {:.2} s", sim.now() as f64 / 1e9);
+    println!("events          {events}");
+    println!("vm callbacks    {calls}");
+    println!("outcomes        {status:?}");
+    println!("per endpoint    {per_ep:?}");
+    println!("trace hash      {:016x}", sim.trace_hash());
+    println!("setup (module)  {:.3} s", setup.as_secs_f64());
+    println!("run wall time   {:.3} s", run.as_secs_f64());
+    println!("total wall time {:.3} s", t0.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! The simulated world around the host: virtual clock and randomness, the event queue,
+//! clients and their workloads, the network, model servers, per-request outcomes and
+//! the invariants checked while it runs.
+
+pub mod client;
+pub mod clock;
+pub mod events;
+pub mod invariants;
+pub mod network;
+pub mod outcomes;
+pub mod upstream;
+pub mod workload;

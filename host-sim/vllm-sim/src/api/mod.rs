@@ -1,0 +1,5 @@
+//! The OpenAI-compatible API: request parsing, response bodies, SSE, errors.
+
+pub mod errors;
+pub mod openai;
+pub mod sse;

@@ -1,0 +1,185 @@
+//! Response bodies: a plain byte body, or a server-sent-event stream fed by
+//! the engine's events. Chunks already produced are written together; a
+//! chunk is never held back waiting for the next one.
+
+use super::errors::ApiError;
+use super::openai::ChunkWriter;
+use crate::engine::{EventKind, Usage};
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// An engine event for choice `choice` of a response.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routed {
+    pub choice: usize,
+    pub kind: EventKind,
+}
+
+/// The body of every response.
+pub enum ResponseBody {
+    Full(Option<Bytes>),
+    Sse(Box<SseStream>),
+}
+
+impl ResponseBody {
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        ResponseBody::Full(Some(bytes.into()))
+    }
+
+    pub fn empty() -> Self {
+        ResponseBody::Full(None)
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            ResponseBody::Sse(stream) => stream
+                .poll_chunks(cx)
+                .map(|o| o.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::Full(bytes) => bytes.is_none(),
+            ResponseBody::Sse(stream) => stream.done,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ResponseBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            ResponseBody::Full(None) => SizeHint::with_exact(0),
+            ResponseBody::Sse(_) => SizeHint::default(),
+        }
+    }
+}
+
+/// The SSE stream of one streaming request (one or more choices).
+pub struct SseStream {
+    rx: UnboundedReceiver<Routed>,
+    writer: ChunkWriter,
+    chat: bool,
+    include_usage: bool,
+    continuous_usage: bool,
+    /// Per choice: prompt tokens, tokens so far, role chunk sent, finished.
+    choices: Vec<ChoiceState>,
+    unfinished: usize,
+    usage: Usage,
+    done: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct ChoiceState {
+    prompt_tokens: usize,
+    tokens: usize,
+    role_sent: bool,
+}
+
+impl SseStream {
+    pub fn new(
+        rx: UnboundedReceiver<Routed>,
+        writer: ChunkWriter,
+        chat: bool,
+        include_usage: bool,
+        continuous_usage: bool,
+        prompt_tokens: &[usize],
+    ) -> Self {
+        SseStream {
+            rx,
+            writer,
+            chat,
+            include_usage,
+            continuous_usage,
+            choices: prompt_tokens
+                .iter()
+                .map(|&p| ChoiceState {
+                    prompt_tokens: p,
+                    ..Default::default()
+                })
+                .collect(),
+            unfinished: prompt_tokens.len(),
+            usage: Usage::default(),
+            done: false,
+        }
+    }
+
+    fn poll_chunks(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let mut out = String::new();
+        while out.len() < 64 * 1024 {
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(routed)) => {
+                    self.write_event(&mut out, routed);
+                    if self.unfinished == 0 {
+                        if self.include_usage {
+                            self.writer.usage(&mut out, &self.usage);
+                        }
+                        self.writer.done(&mut out);
+                        self.done = true;
+                        break;
+                    }
+                }
+                Poll::Ready(None) => {
+                    // The engine dropped the request (server shutting down).
+                    self.writer
+                        .error(&mut out, &ApiError::new(500, "request aborted"));
+                    self.writer.done(&mut out);
+                    self.done = true;
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if out.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(Some(Bytes::from(out)))
+        }
+    }
+
+    fn write_event(&mut self, out: &mut String, routed: Routed) {
+        let Some(state) = self.choices.get_mut(routed.choice) else {
+            return;
+        };
+        let index = routed.choice;
+        if self.chat && !state.role_sent {
+            state.role_sent = true;
+            self.writer.role(out, index);
+        }
+        match routed.kind {
+            EventKind::Token { text, .. } => {
+                state.tokens += 1;
+                let running = Usage {
+                    prompt_tokens: state.prompt_tokens,
+                    completion_tokens: state.tokens,
+                    cached_tokens: 0,
+                };
+                let usage = self.continuous_usage.then_some(&running);
+                self.writer.token(out, index, text, usage);
+            }
+            EventKind::Finished(f) => {
+                self.unfinished = self.unfinished.saturating_sub(1);
+                self.usage.prompt_tokens += f.usage.prompt_tokens;
+                self.usage.completion_tokens += f.usage.completion_tokens;
+                self.usage.cached_tokens += f.usage.cached_tokens;
+                let usage = self.continuous_usage.then_some(&f.usage);
+                self.writer.finish(out, index, f.reason, usage);
+            }
+        }
+    }
+}

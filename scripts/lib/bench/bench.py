@@ -1,0 +1,612 @@
+#!/usr/bin/env python3
+"""The benchmarks behind scripts/bench: starts the processes each one needs on ephemeral
+loopback ports (vllm-sim servers, Envoy with and without the filter, Envoy with a STATIC
+cluster, sglang-router), drives them with target/release/loadgen, stops what it started
+by PID, prints a markdown table and appends it to BENCHMARKS.md with the command line,
+date, machine, load average and git revision.
+
+Called by scripts/bench after it has built everything; not meant to be run directly.
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+SIM = os.path.join(ROOT, "target/release/vllm-sim")
+LOADGEN = os.path.join(ROOT, "target/release/loadgen")
+WASM = os.path.join(ROOT, "target/wasm32-wasip1/release/epp_filter.wasm")
+ENVOY = os.path.join(ROOT, ".venv/bin/envoy")
+VENV_PY = os.path.join(ROOT, ".venv/bin/python")
+RENDER = os.path.join(ROOT, "scripts/lib/render.py")
+STATIC = os.path.join(ROOT, "scripts/lib/bench/static_cluster.py")
+BENCHMARKS = os.path.join(ROOT, "BENCHMARKS.md")
+
+
+def log(*a):
+    print("bench:", *a, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Processes this script started, stopped by PID (and nothing else).
+
+class Procs:
+    def __init__(self, workdir):
+        self.workdir = workdir
+        self.procs = []
+        self.n = 0
+
+    def start(self, name, cmd, **kw):
+        self.n += 1
+        out = open(os.path.join(self.workdir, f"{self.n:02d}-{name}.out"), "w")
+        err = open(os.path.join(self.workdir, f"{self.n:02d}-{name}.log"), "w")
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, **kw)
+        p.bench_name = name
+        p.bench_out = out.name
+        p.bench_err = err.name
+        self.procs.append(p)
+        return p
+
+    def stop(self, p, timeout=5):
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=timeout)
+        if p in self.procs:
+            self.procs.remove(p)
+
+    def stop_all(self):
+        for p in list(reversed(self.procs)):
+            try:
+                self.stop(p)
+            except Exception as e:  # keep stopping the others
+                log(f"could not stop {p.bench_name} (pid {p.pid}): {e}")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def http_get(url, timeout=2.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode("utf-8", "replace")
+
+
+def wait_for(what, check, proc, limit=30.0):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"bench: {what} exited ({proc.returncode}); see {proc.bench_err}")
+        try:
+            v = check()
+            if v:
+                return v
+        except Exception:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"bench: {what} not ready within {limit:.0f} s; see {getattr(proc, 'bench_err', '?')}")
+
+
+def start_sims(procs, n, args, tag="sim"):
+    ps = []
+    for i in range(n):
+        ps.append(procs.start(f"{tag}{i}", [SIM, "--host", "127.0.0.1", "--port", "0", "--seed", str(i)] + args))
+    addrs = []
+    for p in ps:
+        def read(p=p):
+            with open(p.bench_out) as f:
+                m = re.search(r"listening on http://(\S+)", f.read())
+                return m and m.group(1)
+        addrs.append(wait_for("vllm-sim", read, p, 20))
+    return addrs
+
+
+def start_envoy(procs, kind, endpoints, workers, tag="envoy", render=RENDER, wasm=WASM):
+    """kind: filter | nofilter (ORIGINAL_DST, client names the endpoint) | ROUND_ROBIN | LEAST_REQUEST.
+    `render` and `wasm` may name another checkout's renderer and build (a candidate)."""
+    d = tempfile.mkdtemp(prefix=f"{tag}-", dir=procs.workdir)
+    cfg = os.path.join(d, "filter.json")
+    with open(cfg, "w") as f:
+        f.write("{}")
+    cmd = [sys.executable, render, "--wasm", wasm, "--config", cfg, "--endpoints", ",".join(endpoints)]
+    if kind != "filter":
+        cmd.append("--no-filter")
+    text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    if kind in ("ROUND_ROBIN", "LEAST_REQUEST"):
+        text = subprocess.run([sys.executable, STATIC, "--lb-policy", kind, "--endpoints", ",".join(endpoints)],
+                              input=text, check=True, capture_output=True, text=True).stdout
+    boot = os.path.join(d, "bootstrap.yaml")
+    with open(boot, "w") as f:
+        f.write(text)
+    # The header the ORIGINAL_DST `pool` cluster routes on (for the plain-Envoy side,
+    # where the client names the endpoint itself).
+    m = re.search(r"name: pool\n(?:    .*\n)*?    original_dst_lb_config: \{[^}]*http_header_name: ([\w-]+)", text)
+    header = m.group(1) if m else "x-gateway-destination-endpoint"
+    admin_path = os.path.join(d, "admin-address")
+    p = procs.start(tag, [ENVOY, "-c", boot, "--concurrency", str(workers), "--disable-hot-restart",
+                          "--admin-address-path", admin_path, "-l", "warning",
+                          "--component-log-level", "wasm:warning", "--log-path", os.path.join(d, "envoy.log")])
+
+    def ready():
+        admin = open(admin_path).read().strip()
+        if admin and http_get(f"http://{admin}/ready")[1].strip() == "LIVE":
+            return admin
+    admin = wait_for(f"envoy ({kind})", ready, p, 60)
+    listeners = json.loads(http_get(f"http://{admin}/listeners?format=json")[1])
+    port = listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
+    return f"127.0.0.1:{port}", header
+
+
+def start_sglang(procs, policy, endpoints, tag="sglang"):
+    port, prom = free_port(), free_port()
+    p = procs.start(tag, [VENV_PY, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+                          "--worker-urls", *[f"http://{e}" for e in endpoints], "--policy", policy,
+                          "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom), "--log-level", "warn"])
+
+    def ready():
+        w = json.loads(http_get(f"http://127.0.0.1:{port}/workers")[1])
+        healthy = [x for x in w.get("workers", []) if x.get("is_healthy")]
+        return len(healthy) == len(endpoints)
+    wait_for(f"sglang-router ({policy})", ready, p, 60)
+    return f"127.0.0.1:{port}"
+
+
+def candidate(a):
+    """(render.py, .wasm) of --candidate DIR, or None."""
+    if not a.candidate:
+        return None
+    render = os.path.join(a.candidate, "scripts/lib/render.py")
+    wasm = a.candidate_wasm or os.path.join(a.candidate, "target/wasm32-wasip1/release/epp_filter.wasm")
+    for f in (render, wasm):
+        if not os.path.exists(f):
+            raise SystemExit(f"bench: --candidate: {f} is missing (build the candidate's filter first)")
+    return render, wasm
+
+
+def candidate_note(a):
+    return (f"`filter (candidate)` = the filter of another checkout, `{os.path.relpath(a.candidate, ROOT)}`"
+            + (f" ({a.candidate_label})" if a.candidate_label else "")
+            + ", with its own `scripts/lib/render.py` bootstrap and its default configuration.")
+
+
+def loadgen(args, label, limit):
+    """Runs loadgen (bounded: its own --duration/--timeout, and `limit` seconds here)."""
+    cmd = [LOADGEN, "--label", label] + [str(a) for a in args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+    if r.returncode != 0:
+        raise SystemExit(f"bench: loadgen failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
+    return json.loads(r.stdout)
+
+
+# ---------------------------------------------------------------------------------------
+# Output.
+
+def git(*args):
+    try:
+        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:
+        return "?"
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def table(headers, rows):
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(out)
+
+
+def publish(title, command, load_before, body, notes, append=True):
+    rev = git("rev-parse", "--short=12", "HEAD")
+    # BENCHMARKS.md itself changes with every entry; anything else is worth saying.
+    if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)BENCHMARKS.md"):
+        rev += " (with uncommitted changes)"
+    head = [
+        f"### {title}",
+        "",
+        f"- command: `{command}`",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+        f"- machine: `{platform.uname().system} {platform.uname().release} {platform.uname().machine}`, "
+        f"{cpu_model()}, {os.cpu_count()} CPUs",
+        f"- load average (1/5/15 min): before {load_before}, after {loadavg()}",
+        f"- git revision: {rev}",
+        "",
+        "",
+    ]
+    text = "\n".join(head) + body.rstrip() + "\n"
+    if notes:
+        text += "\n" + "\n\n".join(n.rstrip() for n in notes) + "\n"
+    print(text)
+    if append:
+        new = not os.path.exists(BENCHMARKS)
+        with open(BENCHMARKS, "a") as f:
+            if new:
+                f.write(BENCHMARKS_HEADER)
+            f.write("\n" + text)
+        log(f"appended to {os.path.relpath(BENCHMARKS, ROOT)}")
+
+
+BENCHMARKS_HEADER = """# Benchmarks
+
+Results appended by `scripts/bench` (see `scripts/bench --help`; the method is in the
+"Method" section at the top). Each entry records the command, date, machine, load
+average and git revision. The machine is shared and small: compare sides of one entry
+(measured in one run, alternating), not entries with each other.
+"""
+
+
+def fmt(v, digits=2):
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def pct(sorted_values, p):
+    if not sorted_values:
+        return None
+    import math
+    i = min(len(sorted_values), max(1, math.ceil(p / 100 * len(sorted_values)))) - 1
+    return sorted_values[i]
+
+
+def read_records(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------
+# overhead
+
+def overhead(a, procs, command):
+    load_before = loadavg()
+    sim_args = ["--profile", "zero", "--max-num-seqs", "256"]
+    sims = start_sims(procs, a.servers, sim_args)
+    sides = {}
+    sides["direct"] = {"url": ",".join(sims), "extra": []}
+    url, header = start_envoy(procs, "nofilter", sims, a.workers, "envoy-nofilter")
+    sides["envoy"] = {"url": url, "extra": ["--destinations", ",".join(sims), "--destination-header", header]}
+    url, _ = start_envoy(procs, "filter", sims, a.workers, "envoy-filter")
+    sides["envoy+filter"] = {"url": url, "extra": []}
+    cand = candidate(a)
+    if cand:
+        url, _ = start_envoy(procs, "filter", sims, a.workers, "envoy-candidate", *cand)
+        sides["envoy+filter (candidate)"] = {"url": url, "extra": []}
+    if not a.no_sglang:
+        for pol in ("cache_aware", "round_robin"):
+            sides[f"sglang {pol}"] = {"url": start_sglang(procs, pol, sims, f"sglang-{pol}"), "extra": []}
+    names = list(sides)
+    # The phases: latency at fixed concurrency (non-streamed, and streamed for TTFT),
+    # and requests/s at saturation.
+    shape = ["--groups", "8", "--prompts-per-group", "8", "--system-prompt-len", "64", "--question-len", "16",
+             "--output-len", "16"]
+    phases = [
+        ("c1", ["--concurrency", "1", "--no-stream"]),
+        ("c1-stream", ["--concurrency", "1", "--stream"]),
+        ("c1-stream-newconn", ["--concurrency", "1", "--stream", "--new-connection"]),
+        ("sat", ["--concurrency", str(a.saturation_concurrency), "--no-stream"]),
+    ]
+    results = {(s, ph): {"records": [], "ok": 0, "elapsed": 0.0, "failed": 0} for s in names for ph, _ in phases}
+    rdir = tempfile.mkdtemp(prefix="records-", dir=procs.workdir)
+    for rnd in range(a.rounds):
+        order = names[rnd % len(names):] + names[:rnd % len(names)]
+        for ph, ph_args in phases:
+            for s in order:
+                rec = os.path.join(rdir, f"{rnd}-{ph}-{s.replace(' ', '_')}.jsonl")
+                args = ["--url", sides[s]["url"], *sides[s]["extra"], *shape, *ph_args,
+                        "--duration", f"{a.seconds}s", "--timeout", "10s", "--warmup", "20",
+                        "--seed", str(rnd + 1), "--records", rec]
+                if ph == "sat":
+                    args += ["--threads", "1"]
+                summary = loadgen(args, f"overhead {ph} {s}", a.seconds + 60)
+                r = results[(s, ph)]
+                r["records"] += [x for x in read_records(rec) if x["status"] == 200 and not x["error"]]
+                r["ok"] += summary["requests"]["ok"]
+                r["failed"] += summary["requests"]["failed"]
+                r["elapsed"] += summary["elapsed_s"]
+                log(f"round {rnd + 1}/{a.rounds} {ph:17s} {s:20s} {summary['requests_per_s']:9.1f} req/s  "
+                    f"p50 {summary['latency_ms'] and summary['latency_ms']['p50']} ms")
+
+    def lat(s, ph, key="latency_ms"):
+        v = sorted(x[key] for x in results[(s, ph)]["records"] if x.get(key) is not None)
+        return pct(v, 50), pct(v, 99)
+
+    rows = []
+    base = {ph: lat("direct", ph) for ph in ("c1",)}
+    base_ttft = lat("direct", "c1-stream", "ttft_ms")
+    base_rps = results[("direct", "sat")]["ok"] / max(results[("direct", "sat")]["elapsed"], 1e-9)
+    env = lat("envoy", "c1")
+    env_ttft = lat("envoy", "c1-stream", "ttft_ms")
+    env_rps = results[("envoy", "sat")]["ok"] / max(results[("envoy", "sat")]["elapsed"], 1e-9)
+    for s in names:
+        p50, p99 = lat(s, "c1")
+        t50, t99 = lat(s, "c1-stream", "ttft_ms")
+        n50, _ = lat(s, "c1-stream-newconn", "ttft_ms")
+        sat = results[(s, "sat")]
+        rps = sat["ok"] / max(sat["elapsed"], 1e-9)
+        failed = sum(results[(s, ph)]["failed"] for ph, _ in phases)
+        rows.append([
+            s, fmt(p50, 3), fmt(p99, 3),
+            fmt(p50 - base["c1"][0], 3) if p50 is not None else "–",
+            fmt(p99 - base["c1"][1], 3) if p99 is not None else "–",
+            fmt(t50, 3), fmt(t99, 3), fmt(n50, 3),
+            f"{rps:.0f}", f"{rps / base_rps:.2f}" if base_rps else "–", f"{rps / env_rps:.2f}" if env_rps else "–",
+            failed,
+        ])
+    headers = ["side", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "TTFT p50 ms (keep-alive)",
+               "TTFT p99 ms", "TTFT p50 ms (new conn)", f"req/s at c={a.saturation_concurrency}",
+               "÷ direct", "÷ envoy", "failed"]
+    body = table(headers, rows)
+    fp50 = lat("envoy+filter", "c1")
+    ratios = []
+    if env[0] and fp50[0]:
+        ratios.append(f"envoy+filter ÷ envoy: p50 {fp50[0] / env[0]:.2f}×, p99 {fp50[1] / env[1]:.2f}×; "
+                      f"the filter adds {fp50[0] - env[0]:.3f} ms p50, {fp50[1] - env[1]:.3f} ms p99")
+    for s in names:
+        if s.startswith("sglang"):
+            sp = lat(s, "c1")
+            if sp[0] and fp50[0]:
+                ratios.append(f"{s} ÷ envoy+filter: p50 {sp[0] / fp50[0]:.2f}×, p99 {sp[1] / fp50[1]:.2f}×")
+    notes = [
+        f"Setup: {a.servers} × `vllm-sim {' '.join(sim_args)}`; Envoy 1.40 `--concurrency {a.workers}`; "
+        f"{a.rounds} rounds × {len(phases)} phases × {len(names)} sides, {a.seconds:g} s each, sides alternating "
+        "(rotated order each round), 20 warm-up requests before each measurement, percentiles over the pooled "
+        "requests of all rounds. Requests: `/v1/completions`, 80-token prompts (8 groups × 8), 16 output "
+        "tokens; `loadgen` keep-alive with TCP_NODELAY, one client thread.",
+        "`envoy` is the same bootstrap as `envoy+filter` without the Wasm filter (ORIGINAL_DST; loadgen names "
+        "the endpoint itself in `x-gateway-destination-endpoint`, round-robin). `direct` = loadgen straight to "
+        "the servers, round-robin. Added = side − direct. TTFT (streamed) keep-alive vs a new connection per "
+        "request. Baseline TTFT p50 direct: " + fmt(base_ttft[0], 3) + " ms, envoy: " + fmt(env_ttft[0], 3) + " ms.",
+        "\n".join(f"- {r}" for r in ratios),
+    ]
+    if cand:
+        notes.append(candidate_note(a))
+    publish("Overhead: added latency and saturation throughput", command, load_before, body, notes, not a.no_append)
+
+
+# ---------------------------------------------------------------------------------------
+# quality
+
+def quality(a, procs, command):
+    load_before = loadavg()
+    sim_args = ["--profile", "h100-llama-8b", "--max-num-seqs", str(a.max_num_seqs),
+                "--num-gpu-blocks", str(a.kv_blocks)]
+    steps = [float(x) for x in a.qps.split(",") if x.strip()]
+    shape = ["--groups", a.groups, "--prompts-per-group", a.prompts_per_group,
+             "--system-prompt-len", a.system_prompt_len, "--question-len", a.question_len,
+             "--output-len", a.output_len, "--stream"]
+    side_defs = [("Envoy ROUND_ROBIN", "envoy", "ROUND_ROBIN"), ("Envoy LEAST_REQUEST", "envoy", "LEAST_REQUEST"),
+                 ("sglang cache_aware", "sglang", "cache_aware"), ("filter (default)", "envoy", "filter")]
+    if a.no_sglang:
+        side_defs = [s for s in side_defs if s[1] != "sglang"]
+    cand = candidate(a)
+    if cand:
+        side_defs.append(("filter (candidate)", "candidate", "filter"))
+    sides = {}
+    for name, kind, arg in side_defs:
+        sims = start_sims(procs, a.servers, sim_args, f"q-{kind}-{arg}-sim")
+        if kind == "envoy":
+            url, _ = start_envoy(procs, arg, sims, a.workers, f"q-envoy-{arg}")
+        elif kind == "candidate":
+            url, _ = start_envoy(procs, "filter", sims, a.workers, "q-envoy-candidate", *cand)
+        else:
+            url = start_sglang(procs, arg, sims, f"q-sglang-{arg}")
+        sides[name] = {"url": url, "sims": sims}
+    names = list(sides)
+    # Warm-up stage: every side gets the same sequence, so caches and routers start warm.
+    # The sides' stacks are independent and lightly loaded at this rate: warm them at once.
+    warm = []
+    for s in names:
+        cmd = [LOADGEN, "--label", f"quality warmup {s}", "--url", sides[s]["url"], *shape, "--qps",
+               str(steps[0]), "--duration", f"{a.warmup}s", "--timeout", "60s", "--seed", "999"]
+        warm.append((s, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+    for s, p in warm:
+        try:
+            _, err = p.communicate(timeout=a.warmup + 120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            raise SystemExit(f"bench: warm-up of {s} did not finish")
+        if p.returncode != 0:
+            raise SystemExit(f"bench: warm-up of {s} failed: {err}")
+        log(f"warmed up {s}: {err.strip().splitlines()[-1] if err.strip() else ''}")
+    results = {}
+    for i, q in enumerate(steps):
+        order = names[i % len(names):] + names[:i % len(names)]
+        for s in order:
+            summary = loadgen(["--url", sides[s]["url"], *shape, "--qps", q, "--duration", f"{a.seconds}s",
+                               "--timeout", "120s", "--seed", str(i + 1),
+                               "--server-metrics", ",".join(sides[s]["sims"])],
+                              f"quality {q} qps {s}", a.seconds + 180)
+            results[(s, q)] = summary
+            log(f"{q:5.1f} qps {s:20s} TTFT p50 {summary['ttft_ms'] and summary['ttft_ms']['p50']} ms, "
+                f"hit rate {summary['prefix_cache_hit_rate']}")
+    rows = []
+    for q in steps:
+        for s in names:
+            r = results[(s, q)]
+            t, itl = r["ttft_ms"] or {}, r["itl_ms"] or {}
+            shares = []
+            for addr in sides[s]["sims"]:
+                m = r["server_metrics"].get(addr, {})
+                shares.append(f"{100 * m.get('share', 0):.0f}")
+            rows.append([f"{q:g}", s, fmt(t.get("p50"), 0), fmt(t.get("p90"), 0), fmt(t.get("p99"), 0),
+                         fmt(itl.get("p50"), 1), fmt(itl.get("p90"), 1), fmt(r["output_tokens_per_s"], 0),
+                         fmt(r["prefix_cache_hit_rate"] and 100 * r["prefix_cache_hit_rate"], 1),
+                         "/".join(shares), f"{r['requests']['ok']}/{r['requests']['sent']}"])
+    headers = ["QPS", "side", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p90 ms",
+               "output tok/s", "prefix hit % (servers)", "share per server %", "ok/sent"]
+    body = table(headers, rows)
+    notes = [
+        f"Setup: per side, its own {a.servers} × `vllm-sim {' '.join(sim_args)}` (seeds 0..{a.servers - 1}, "
+        f"identical across sides); Envoy 1.40 `--concurrency {a.workers}`; sglang-router 0.3.2 defaults. "
+        f"Workload (shared prefix, tokens): {a.groups} groups × {a.prompts_per_group} prompts, system "
+        f"{a.system_prompt_len}, question {a.question_len}, output {a.output_len} (ignore_eos), streamed "
+        f"`/v1/completions`, Poisson arrivals (same seed for every side), {a.seconds:g} s per step after a "
+        f"{a.warmup:g} s warm-up at {steps[0]:g} QPS (all sides at once). Steps run in order with the sides alternating "
+        "(rotated order per step). Prefix hit % = Δ`vllm:prefix_cache_hits_total` ÷ "
+        "Δ`vllm:prefix_cache_queries_total` summed over the side's servers (tokens); share = "
+        "Δ`vllm:request_success_total` per server.",
+        f"Prefix demand {int(a.groups) * int(a.system_prompt_len)} tokens vs KV capacity "
+        f"{a.kv_blocks * 16} tokens per server ({a.servers * a.kv_blocks * 16} in the pool).",
+        "Virtual-time runs at larger scale (16+ servers, higher QPS) through host-sim: not run, host-sim is "
+        "not available yet.",
+    ]
+    if cand:
+        notes.append(candidate_note(a))
+    publish("Routing quality: shared-prefix workload, real time through Envoy", command, load_before, body, notes,
+            not a.no_append)
+
+
+# ---------------------------------------------------------------------------------------
+# sched
+
+def parse_criterion(out):
+    """[name, median estimate, throughput, interval] rows from criterion's console output."""
+    rows = []
+    # criterion: "name\n    time:   [low mid high]" or "name   time:   [...]"; optional "thrpt:" line.
+    pending = None
+    for line in out.splitlines():
+        m = re.match(r"^(\S.*?)\s+time:\s+\[(.+?)\]", line)
+        if m:
+            name, times = m.group(1).strip(), m.group(2).split()
+        else:
+            m2 = re.match(r"^\s+time:\s+\[(.+?)\]", line)
+            if m2 and pending:
+                name, times = pending, m2.group(1).split()
+            else:
+                if line and not line.startswith(" ") and "time:" not in line and not line.startswith(
+                        ("Benchmarking", "Found", "Running", "Gnuplot", "Compiling", "Finished", "Warning")):
+                    pending = line.strip()
+                m3 = re.match(r"^\s+thrpt:\s+\[(.+?)\]", line)
+                if m3 and rows:
+                    t = m3.group(1).split()
+                    rows[-1][2] = f"{t[2]} {t[3]}" if len(t) >= 4 else m3.group(1)
+                continue
+        mid = f"{times[2]} {times[3]}" if len(times) >= 6 else " ".join(times)
+        rows.append([name, mid, "", f"[{' '.join(times)}]"])
+        pending = None
+    return rows
+
+
+def sched(a, procs, command):
+    load_before = loadavg()
+    benches = os.path.join(ROOT, "filter/benches")
+    has = os.path.isdir(benches) and any(n.endswith(".rs") for n in os.listdir(benches))
+    if not has:
+        try:
+            has = "[[bench]]" in open(os.path.join(ROOT, "filter/Cargo.toml")).read()
+        except OSError:
+            has = False
+    notes = ["The same pick measured inside the wasm VM (host-sim): not run, host-sim is not available yet. "
+             "The per-request cost of the whole filter inside Envoy's V8 VM is the `envoy+filter` − `envoy` "
+             "row of the overhead benchmark."]
+    if not has:
+        body = "No criterion benchmarks in `filter/` at this revision (`filter/benches/` is absent); nothing run."
+        publish("Scheduling cost (criterion)", command, load_before, body, notes, not a.no_append)
+        return
+    cmd = ["cargo", "bench", "-p", "filter", "--", "--warm-up-time", str(a.warm_up_time),
+           "--measurement-time", str(a.measurement_time)]
+    log(" ".join(cmd))
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.limit)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"bench: cargo bench did not finish within {a.limit} s")
+    out = r.stdout + "\n" + r.stderr
+    if r.returncode != 0:
+        raise SystemExit(f"bench: cargo bench failed:\n{out[-4000:]}")
+    rows = parse_criterion(out)
+    body = table(["benchmark", "time (median estimate)", "throughput", "95 % interval"], rows) if rows else (
+        "cargo bench ran but printed no criterion results:\n\n```\n" + out[-2000:] + "\n```")
+    notes.insert(0, f"`{' '.join(cmd)}` (bounded: {a.limit} s).")
+    publish("Scheduling cost (criterion)", command, load_before, body, notes, not a.no_append)
+
+
+# ---------------------------------------------------------------------------------------
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["overhead", "quality", "sched"])
+    p.add_argument("--command", default="scripts/bench")
+    p.add_argument("--no-append", action="store_true")
+    p.add_argument("--no-sglang", action="store_true")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--candidate", help="another checkout: adds a side with its filter (its render.py and .wasm)")
+    p.add_argument("--candidate-label", default="", help="what the candidate is (recorded with the table)")
+    p.add_argument("--candidate-wasm", help="the candidate's .wasm [DIR/target/wasm32-wasip1/release/epp_filter.wasm]")
+    p.add_argument("--servers", type=int)
+    p.add_argument("--seconds", type=float)
+    # overhead
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--saturation-concurrency", type=int, default=32)
+    # quality
+    p.add_argument("--qps", default="4,8,12")
+    p.add_argument("--groups", default="32")
+    p.add_argument("--prompts-per-group", default="16")
+    p.add_argument("--system-prompt-len", default="1024")
+    p.add_argument("--question-len", default="128")
+    p.add_argument("--output-len", default="64")
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--kv-blocks", type=int, default=1024)
+    p.add_argument("--warmup", type=float, default=15)
+    # sched
+    p.add_argument("--warm-up-time", type=float, default=1)
+    p.add_argument("--measurement-time", type=float, default=2)
+    p.add_argument("--limit", type=int, default=900)
+    a = p.parse_args()
+    if a.servers is None:
+        a.servers = 2 if a.what == "overhead" else 4
+    if a.seconds is None:
+        a.seconds = 3 if a.what == "overhead" else 20
+    workdir = os.path.join(ROOT, ".run", f"bench-{os.getpid()}")
+    os.makedirs(workdir, exist_ok=True)
+    procs = Procs(workdir)
+
+    def on_signal(sig, _frame):
+        raise SystemExit(f"bench: signal {sig}")
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        {"overhead": overhead, "quality": quality, "sched": sched}[a.what](a, procs, a.command)
+    finally:
+        procs.stop_all()
+        log(f"stopped what it started; logs in {os.path.relpath(workdir, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

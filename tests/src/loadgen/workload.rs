@@ -1,0 +1,395 @@
+//! What is sent and when: the shared-prefix prompt groups of inference-perf / sglang
+//! `generated-shared-prefix` (groups x prompts per group, a system prompt shared by a
+//! group, a question per prompt), tenants, priorities, and seeded Poisson arrivals.
+//!
+//! Everything is a function of the seed: the same seed gives the same prompts, the same
+//! request sequence and the same arrival times.
+//!
+//! Lengths are in tokens of `vllm-sim`'s tokenizer, which cuts text into 4-character
+//! pieces: a token here is one 4-character word (`"abc "`), so a system prompt of N
+//! tokens is 4N characters and the question starts on a token boundary.
+
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// A small seeded PRNG (SplitMix64): deterministic across platforms and runs.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x5851_f42d_4c95_7f2d)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in 0..n (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+
+    /// Exponentially distributed with the given rate (mean 1/rate).
+    pub fn exp(&mut self, rate: f64) -> f64 {
+        -(1.0 - self.next_f64()).ln() / rate
+    }
+}
+
+/// Which OpenAI API the requests use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Completions,
+    Chat,
+}
+
+impl Api {
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Completions => "/v1/completions",
+            Api::Chat => "/v1/chat/completions",
+        }
+    }
+}
+
+/// The shape of the requests.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub api: Api,
+    pub model: String,
+    pub groups: u32,
+    pub prompts_per_group: u32,
+    pub system_prompt_len: u32,
+    pub question_len: u32,
+    pub output_len: u32,
+    pub stream: bool,
+    /// Zipf exponent over groups (0 = uniform): group k is drawn with weight 1/(k+1)^s.
+    pub zipf: f64,
+    /// Fairness ids `tenant-0..tenants-1` (0 = no header).
+    pub tenants: u32,
+    /// Objective names for `x-gateway-inference-objective` (empty = no header).
+    pub priorities: Vec<String>,
+}
+
+impl Default for Spec {
+    fn default() -> Spec {
+        Spec {
+            api: Api::Completions,
+            model: "sim-model".into(),
+            groups: 8,
+            prompts_per_group: 8,
+            system_prompt_len: 256,
+            question_len: 64,
+            output_len: 32,
+            stream: true,
+            zipf: 0.0,
+            tenants: 0,
+            priorities: Vec::new(),
+        }
+    }
+}
+
+/// Header naming the fairness id (tenant).
+pub const FAIRNESS_HEADER: &str = "x-gateway-inference-fairness-id";
+/// Header naming the objective (priority).
+pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+
+/// One request to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub index: u64,
+    pub group: u32,
+    pub prompt: u32,
+    pub body: String,
+    pub tenant: Option<String>,
+    pub objective: Option<String>,
+}
+
+/// The prompts and the seeded request sequence.
+pub struct Workload {
+    spec: Spec,
+    systems: Vec<String>,
+    /// questions[group][prompt]
+    questions: Vec<Vec<String>>,
+    /// Cumulative group weights (for the Zipf draw).
+    cumulative: Vec<f64>,
+    rng: Rng,
+}
+
+const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
+
+/// `tokens` 4-character words.
+fn text(rng: &mut Rng, tokens: u32) -> String {
+    let mut s = String::with_capacity(tokens as usize * 4);
+    for _ in 0..tokens {
+        for _ in 0..3 {
+            s.push(LETTERS[rng.below(LETTERS.len() as u64) as usize] as char);
+        }
+        s.push(' ');
+    }
+    s
+}
+
+impl Workload {
+    pub fn new(spec: Spec, seed: u64) -> Workload {
+        let mut rng = Rng::new(seed);
+        let groups = spec.groups.max(1);
+        let per = spec.prompts_per_group.max(1);
+        let systems: Vec<String> = (0..groups)
+            .map(|_| text(&mut rng, spec.system_prompt_len))
+            .collect();
+        let questions = (0..groups)
+            .map(|_| {
+                (0..per)
+                    .map(|_| text(&mut rng, spec.question_len))
+                    .collect()
+            })
+            .collect();
+        let mut cumulative = Vec::with_capacity(groups as usize);
+        let mut total = 0.0;
+        for k in 0..groups {
+            total += 1.0 / f64::from(k + 1).powf(spec.zipf.max(0.0));
+            cumulative.push(total);
+        }
+        Workload {
+            spec,
+            systems,
+            questions,
+            cumulative,
+            rng,
+        }
+    }
+
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// The shared system prompt of a group.
+    pub fn system_prompt(&self, group: u32) -> &str {
+        &self.systems[group as usize]
+    }
+
+    fn draw_group(&mut self) -> u32 {
+        let total = self.cumulative.last().copied().unwrap_or(1.0);
+        let x = self.rng.next_f64() * total;
+        self.cumulative
+            .partition_point(|&c| c <= x)
+            .min(self.cumulative.len() - 1) as u32
+    }
+
+    /// The next request of the sequence.
+    pub fn next_request(&mut self, index: u64) -> Request {
+        let group = self.draw_group();
+        let prompt = self
+            .rng
+            .below(u64::from(self.spec.prompts_per_group.max(1))) as u32;
+        let tenant = (self.spec.tenants > 0)
+            .then(|| format!("tenant-{}", self.rng.below(u64::from(self.spec.tenants))));
+        let objective = (!self.spec.priorities.is_empty()).then(|| {
+            let i = self.rng.below(self.spec.priorities.len() as u64) as usize;
+            self.spec.priorities[i].clone()
+        });
+        let system = &self.systems[group as usize];
+        let question = &self.questions[group as usize][prompt as usize];
+        let s = &self.spec;
+        let mut body = match s.api {
+            Api::Completions => json!({
+                "model": s.model,
+                "prompt": format!("{system}{question}"),
+            }),
+            Api::Chat => json!({
+                "model": s.model,
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": question},
+                ],
+            }),
+        };
+        body["max_tokens"] = json!(s.output_len.max(1));
+        body["ignore_eos"] = Value::Bool(true);
+        body["stream"] = Value::Bool(s.stream);
+        if s.stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        Request {
+            index,
+            group,
+            prompt,
+            body: body.to_string(),
+            tenant,
+            objective,
+        }
+    }
+}
+
+/// Seeded Poisson arrival offsets at `qps` requests per second (from its own seed
+/// stream, so arrival times do not depend on the request shapes).
+pub struct Arrivals {
+    rng: Rng,
+    qps: f64,
+    at: f64,
+}
+
+impl Arrivals {
+    pub fn new(qps: f64, seed: u64) -> Arrivals {
+        Arrivals {
+            rng: Rng::new(seed.wrapping_add(0x0a11_ce5e_ed00_0001)),
+            qps,
+            at: 0.0,
+        }
+    }
+}
+
+impl Iterator for Arrivals {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        self.at += self.rng.exp(self.qps);
+        Some(Duration::from_secs_f64(self.at))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> Spec {
+        Spec {
+            groups: 4,
+            prompts_per_group: 3,
+            system_prompt_len: 10,
+            question_len: 5,
+            output_len: 7,
+            tenants: 3,
+            priorities: vec!["high".into(), "low".into()],
+            ..Spec::default()
+        }
+    }
+
+    fn sequence(seed: u64, n: u64) -> Vec<Request> {
+        let mut w = Workload::new(spec(), seed);
+        (0..n).map(|i| w.next_request(i)).collect()
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_requests() {
+        assert_eq!(sequence(7, 50), sequence(7, 50));
+        assert_ne!(sequence(7, 50), sequence(8, 50));
+        let a: Vec<Duration> = Arrivals::new(5.0, 7).take(20).collect();
+        let b: Vec<Duration> = Arrivals::new(5.0, 7).take(20).collect();
+        let c: Vec<Duration> = Arrivals::new(5.0, 8).take(20).collect();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn prompts_share_their_group_prefix_and_have_the_requested_lengths() {
+        let w = Workload::new(spec(), 1);
+        for g in 0..4 {
+            assert_eq!(w.system_prompt(g).len(), 40, "10 tokens of 4 characters");
+        }
+        assert_ne!(w.system_prompt(0), w.system_prompt(1));
+        let mut w = Workload::new(spec(), 1);
+        let mut seen_groups = std::collections::HashSet::new();
+        for i in 0..200 {
+            let r = w.next_request(i);
+            let body: Value = serde_json::from_str(&r.body).unwrap();
+            let prompt = body["prompt"].as_str().unwrap();
+            assert_eq!(prompt.len(), 60);
+            assert!(prompt.starts_with(w.system_prompt(r.group)));
+            assert_eq!(body["max_tokens"], 7);
+            assert_eq!(body["ignore_eos"], true);
+            assert_eq!(body["stream"], true);
+            assert_eq!(body["stream_options"]["include_usage"], true);
+            assert!(r.prompt < 3);
+            let t = r.tenant.unwrap();
+            assert!(["tenant-0", "tenant-1", "tenant-2"].contains(&t.as_str()));
+            assert!(["high", "low"].contains(&r.objective.unwrap().as_str()));
+            seen_groups.insert(r.group);
+        }
+        assert_eq!(seen_groups.len(), 4, "every group is drawn");
+    }
+
+    #[test]
+    fn chat_requests_put_the_system_prompt_first() {
+        let mut w = Workload::new(
+            Spec {
+                api: Api::Chat,
+                stream: false,
+                tenants: 0,
+                priorities: vec![],
+                ..spec()
+            },
+            3,
+        );
+        let r = w.next_request(0);
+        let body: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(body["messages"][0]["role"], "system");
+        assert_eq!(body["messages"][0]["content"], w.system_prompt(r.group));
+        assert_eq!(body["messages"][1]["content"].as_str().unwrap().len(), 20);
+        assert!(body.get("stream_options").is_none());
+        assert!(r.tenant.is_none() && r.objective.is_none());
+    }
+
+    #[test]
+    fn zipf_skews_towards_the_first_groups() {
+        let mut w = Workload::new(
+            Spec {
+                groups: 10,
+                zipf: 1.5,
+                ..spec()
+            },
+            5,
+        );
+        let mut counts = [0u32; 10];
+        for i in 0..5000 {
+            counts[w.next_request(i).group as usize] += 1;
+        }
+        // Weights 1, 0.35, 0.19, ..., 0.03 (sum 2.0): group 0 gets about 50 %, group 9 about 1.6 %.
+        assert!(counts[0] > 2300 && counts[0] < 2700, "{counts:?}");
+        assert!(counts[0] > 3 * counts[2], "{counts:?}");
+        assert!(counts[9] < 200, "{counts:?}");
+    }
+
+    #[test]
+    fn poisson_arrivals_have_the_requested_rate() {
+        let qps = 50.0;
+        let times: Vec<Duration> = Arrivals::new(qps, 11).take(20_000).collect();
+        assert!(times.windows(2).all(|w| w[0] <= w[1]));
+        let rate = times.len() as f64 / times.last().unwrap().as_secs_f64();
+        assert!((rate - qps).abs() < qps * 0.03, "rate {rate}");
+        // Exponential gaps: the coefficient of variation is 1.
+        let gaps: Vec<f64> = times
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_secs_f64())
+            .collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+        let cv = var.sqrt() / mean;
+        assert!((cv - 1.0).abs() < 0.05, "cv {cv}");
+    }
+
+    #[test]
+    fn rng_helpers_stay_in_range() {
+        let mut r = Rng::new(0);
+        for _ in 0..1000 {
+            let x = r.next_f64();
+            assert!((0.0..1.0).contains(&x));
+            assert!(r.below(3) < 3);
+            assert!(r.exp(2.0) >= 0.0);
+        }
+        assert_eq!(r.below(0), 0);
+    }
+}

@@ -1,0 +1,206 @@
+//! Flow control end to end through a real Envoy (2 workers): priority order, 429 at
+//! capacity, 503 at the queue TTL, and the flow-control metrics in /stats/prometheus.
+//!
+//! The pool is one `vllm-sim` that takes about half a second per request, behind a
+//! `concurrency-detector` allowing one request in flight, so every request beyond the
+//! first waits in the gateway.
+
+use serde_json::{json, Value};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tests::envoy::Envoy;
+use tests::http::{self, Response};
+use tests::sim::Sim;
+
+const MODEL: &str = "sim-model";
+
+fn config(flow_control: Value) -> Value {
+    json!({
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {"type": "concurrency-detector", "parameters": {"maxConcurrency": 1}},
+            {"type": "round-robin-fairness-policy"}
+        ],
+        "saturationDetector": {"pluginRef": "concurrency-detector"},
+        "flowControl": flow_control,
+        "pool": {"objectives": [
+            {"name": "premium", "priority": 100},
+            {"name": "best-effort", "priority": -10}
+        ]}
+    })
+}
+
+fn slow_sim() -> Vec<Sim> {
+    Sim::pool(
+        1,
+        &[
+            "--model",
+            MODEL,
+            "--time-to-first-token",
+            "20ms",
+            "--inter-token-latency",
+            "50ms",
+        ],
+    )
+}
+
+fn send(envoy: &Envoy, objective: &str, tenant: &str) -> Response {
+    let body = json!({"model": MODEL, "prompt": "hello", "max_tokens": 10, "ignore_eos": true})
+        .to_string();
+    http::request(
+        &envoy.listen,
+        "POST",
+        "/v1/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-gateway-inference-objective", objective),
+            ("x-gateway-inference-fairness-id", tenant),
+        ],
+        body.as_bytes(),
+    )
+    .expect("request")
+}
+
+/// Waits until the gateway holds `n` requests in its queues (all flows).
+fn wait_queued(envoy: &Envoy, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let queued: u64 = envoy
+            .prometheus()
+            .lines()
+            .filter(|l| l.starts_with("inference_extension_flow_control_queue_size{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        if queued >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {queued} of {n} requests queued"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn premium_requests_overtake_best_effort_ones_queued_before_them() {
+    let sims = slow_sim();
+    let envoy = Envoy::start(&config(json!({})), &[&sims[0].address], 2);
+    let finished: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(send(&envoy, "standard", "filler").status, 200));
+        wait_queued(&envoy, 0);
+        std::thread::sleep(Duration::from_millis(100)); // the filler holds the only slot
+        for i in 0..3 {
+            let finished = &finished;
+            let envoy = &envoy;
+            s.spawn(move || {
+                let r = send(envoy, "best-effort", &format!("batch-{i}"));
+                assert_eq!(r.status, 200, "{}", r.text());
+                finished.lock().unwrap().push("best-effort");
+            });
+        }
+        wait_queued(&envoy, 3);
+        for i in 0..3 {
+            let finished = &finished;
+            let envoy = &envoy;
+            s.spawn(move || {
+                let r = send(envoy, "premium", &format!("vip-{i}"));
+                assert_eq!(r.status, 200, "{}", r.text());
+                finished.lock().unwrap().push("premium");
+            });
+        }
+    });
+    let order = finished.into_inner().unwrap();
+    assert_eq!(
+        order,
+        [
+            "premium",
+            "premium",
+            "premium",
+            "best-effort",
+            "best-effort",
+            "best-effort"
+        ]
+    );
+}
+
+#[test]
+fn a_full_queue_answers_429_and_says_which_limit() {
+    let sims = slow_sim();
+    let envoy = Envoy::start(&config(json!({"maxRequests": 2})), &[&sims[0].address], 2);
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(send(&envoy, "standard", "a").status, 200));
+        std::thread::sleep(Duration::from_millis(100));
+        for _ in 0..2 {
+            s.spawn(|| assert_eq!(send(&envoy, "standard", "a").status, 200));
+        }
+        wait_queued(&envoy, 2);
+        let r = send(&envoy, "premium", "b");
+        assert_eq!(r.status, 429, "{}", r.text());
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains("flowControl.maxRequests"), "{message}");
+    });
+}
+
+#[test]
+fn a_request_waiting_past_its_ttl_gets_503() {
+    let sims = slow_sim();
+    let envoy = Envoy::start(
+        &config(json!({"defaultRequestTTL": "200ms"})),
+        &[&sims[0].address],
+        2,
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(send(&envoy, "standard", "a").status, 200));
+        std::thread::sleep(Duration::from_millis(100));
+        let started = Instant::now();
+        let r = send(&envoy, "standard", "b");
+        let waited = started.elapsed();
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert!(r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("timed out in queue"));
+        assert!(
+            waited >= Duration::from_millis(190),
+            "answered after {waited:?}"
+        );
+        assert!(
+            waited < Duration::from_millis(450),
+            "answered after {waited:?}"
+        );
+    });
+    // Once the queue is empty the gauges are back to zero, and the outcomes are counted
+    // (histograms appear at Envoy's next stats flush).
+    let ttl_outcome = |prom: &str| {
+        prom.lines().any(|l| {
+            l.starts_with("inference_extension_flow_control_request_queue_duration_seconds_count{")
+                && l.contains("outcome=\"EvictedTTL\"")
+                && l.contains("fairness_id=\"b\"")
+                && l.ends_with(" 1")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut prom = envoy.prometheus();
+    while !ttl_outcome(&prom) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        prom = envoy.prometheus();
+    }
+    let gauge = |tenant: &str| {
+        prom.lines()
+            .find(|l| {
+                l.starts_with("inference_extension_flow_control_queue_size{")
+                    && l.contains(&format!("fairness_id=\"{tenant}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().to_string())
+    };
+    assert_eq!(gauge("b").as_deref(), Some("0"), "{prom}");
+    assert!(ttl_outcome(&prom), "{prom}");
+    assert!(
+        prom.contains(
+            "inference_extension_flow_control_pool_saturation{inference_pool=\"default-pool\"}"
+        ),
+        "{prom}"
+    );
+}
