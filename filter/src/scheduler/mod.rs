@@ -62,6 +62,17 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// Requests waiting at the engine, as well as we know now: the scraped queue, or, when
+    /// this gateway has more requests in flight there than the engine reported running,
+    /// the excess (dispatches made since the last scrape, which it cannot show yet; the
+    /// idea of llm-d PR #2066). Without it a burst between two scrapes sees equal queues
+    /// everywhere and piles onto one endpoint (§15 #15).
+    pub fn waiting_estimate(&self) -> u64 {
+        self.metrics
+            .waiting
+            .max(self.in_flight.saturating_sub(self.metrics.running))
+    }
+
     /// A candidate with an address and nothing else.
     pub fn new(address: &str) -> Self {
         Self {
@@ -145,6 +156,17 @@ pub trait Scorer {
 pub trait Picker {
     /// The chosen endpoints, best first (`(index, total score)` pairs in, indices out).
     fn pick(&self, scored: Vec<(usize, f64)>, rng: &mut Rng) -> Vec<usize>;
+
+    /// Like [`Picker::pick`], knowing each entry's requests in flight (same order); a
+    /// picker may use them to break ties. The default ignores them.
+    fn pick_with_load(
+        &self,
+        scored: Vec<(usize, f64)>,
+        _in_flight: &[u64],
+        rng: &mut Rng,
+    ) -> Vec<usize> {
+        self.pick(scored, rng)
+    }
 }
 
 /// Where time went, for `inference_extension_plugin_duration_seconds`.

@@ -77,9 +77,13 @@ impl Profile {
             });
         }
         let totals = self.scores(cx, &endpoints, probe);
+        let loads: Vec<u64> = endpoints
+            .iter()
+            .map(|&i| cx.candidate(i).map_or(0, |c| c.in_flight))
+            .collect();
         let scored: Vec<(usize, f64)> = endpoints.into_iter().zip(totals).collect();
         let start = probe.now();
-        let targets = self.picker.plugin.pick(scored, rng);
+        let targets = self.picker.plugin.pick_with_load(scored, &loads, rng);
         probe.record("Picker", &self.picker.type_name, &self.picker.name, start);
         if targets.is_empty() {
             return Err(ScheduleError::NoEndpoints {

@@ -1,5 +1,10 @@
 //! `max-score-picker`: shuffles, then stable-sorts by score descending and takes the top
 //! N, so equal best scores are chosen uniformly at random.
+//!
+//! Knowing the requests in flight ([`Picker::pick_with_load`], what the scheduler calls),
+//! equal scores go to the endpoint with the fewest requests in flight through this
+//! gateway first, and only then at random: with stale or equal metrics a burst spreads
+//! instead of piling onto one endpoint (the reference's §15 #15).
 
 use crate::rng::Rng;
 use crate::scheduler::Picker;
@@ -21,6 +26,26 @@ impl Picker for MaxScore {
             .map(|(i, _)| i)
             .collect()
     }
+
+    fn pick_with_load(
+        &self,
+        scored: Vec<(usize, f64)>,
+        in_flight: &[u64],
+        rng: &mut Rng,
+    ) -> Vec<usize> {
+        let mut entries: Vec<(usize, f64, u64)> = scored
+            .into_iter()
+            .enumerate()
+            .map(|(k, (i, s))| (i, s, in_flight.get(k).copied().unwrap_or(0)))
+            .collect();
+        rng.shuffle(&mut entries);
+        entries.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)));
+        entries
+            .into_iter()
+            .take(self.max_endpoints)
+            .map(|(i, _, _)| i)
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -34,6 +59,21 @@ mod tests {
         let mut rng = Rng::new(1);
         let got = p.pick(vec![(0, 0.5), (1, 2.1), (2, 1.0), (3, 0.1)], &mut rng);
         assert_eq!(got, vec![1, 2, 0]);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn ties_go_to_the_fewest_in_flight_first() {
+        let p = MaxScore { max_endpoints: 3 };
+        let mut rng = Rng::new(4);
+        for _ in 0..20 {
+            let got = p.pick_with_load(
+                vec![(0, 1.0), (1, 1.0), (2, 1.0), (3, 2.0)],
+                &[5, 2, 9, 7],
+                &mut rng,
+            );
+            // The best score wins whatever its load; then the tie by load.
+            assert_eq!(got, vec![3, 1, 0]);
+        }
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -1,5 +1,10 @@
 //! `queue-scorer` (also registered as `queue-depth-scorer`): min-max over the candidates
 //! of the engine's waiting queue, `(maxQ − q)/(maxQ − minQ)`; all equal → 1.0.
+//!
+//! `q` is [`Candidate::waiting_estimate`](crate::scheduler::Candidate::waiting_estimate):
+//! the scraped `num_requests_waiting`, or the requests this gateway has in flight there
+//! beyond the scraped `num_requests_running` when that is more (dispatches since the last
+//! scrape). A deliberate difference from the reference, which reads only the scrape.
 
 use super::lower_is_better;
 use crate::scheduler::{Cycle, Scorer};
@@ -12,7 +17,7 @@ impl Scorer for Queue {
     fn score(&self, cx: &Cycle<'_>, endpoints: &[usize]) -> Vec<f64> {
         let q: Vec<f64> = endpoints
             .iter()
-            .map(|&i| cx.candidate(i).map_or(0.0, |c| c.metrics.waiting as f64))
+            .map(|&i| cx.candidate(i).map_or(0.0, |c| c.waiting_estimate() as f64))
             .collect();
         lower_is_better(&q)
     }
@@ -30,6 +35,18 @@ mod tests {
         let s = with_cycle(&c, &[], |cx| Queue.score(cx, &all(&c)));
         // (10-2)/8 = 1, (10-10)/8 = 0, (10-4)/8 = 0.75
         assert_eq!(s, vec![1.0, 0.0, 0.75]);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn dispatches_since_the_last_scrape_count_as_waiting() {
+        // Scraped: both idle. Since then this gateway sent 3 requests to the first.
+        let mut c = candidates(&[(0, 0, 0.0), (0, 0, 0.0), (0, 2, 0.0)]);
+        c[0].in_flight = 3;
+        c[2].in_flight = 2; // the engine already shows these two running
+        assert_eq!(c[0].waiting_estimate(), 3);
+        assert_eq!(c[2].waiting_estimate(), 0);
+        let s = with_cycle(&c, &[], |cx| Queue.score(cx, &all(&c)));
+        assert_eq!(s, vec![0.0, 1.0, 1.0]);
     }
 
     #[wasm_bindgen_test(unsupported = test)]
