@@ -144,10 +144,10 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
     };
     let now_us = host::now_us().unwrap_or(0);
     let now_ms = now_us / 1000;
-    let loads = endpoint_loads(&config);
     if !config.flow.enabled {
         // Legacy admission: only sheddable requests, only while saturated.
         if req.priority < 0 {
+            let loads = endpoint_loads(&config);
             let state: FlowState = read(&HostStore, STATE_KEY)
                 .ok()
                 .flatten()
@@ -166,6 +166,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
             tokens,
         };
     }
+    let loads = endpoint_loads(&config);
     let control = &config.flow.control;
     let band = control.band(req.priority);
     let key = band.ordering.key(&OrderInputs {
