@@ -447,3 +447,20 @@ fn lost_cas_races_are_retried_and_the_spread_still_holds() {
         "every retry-won release landed"
     );
 }
+
+#[test]
+fn a_server_that_comes_up_mid_run_starts_serving() {
+    let eps = endpoints(1);
+    let cfg = SimConfig::new(&filter_config(&eps, json!({})));
+    let mut sim = host_sim::Sim::new(cfg).unwrap();
+    sim.add_invariant(within_ledger());
+    sim.at(
+        ms(100),
+        Control::AddEndpoint(eps[0].clone(), Box::new(SimpleUpstream::new(&eps[0]))),
+    );
+    sim.add_requests([completion(0, false).at(ms(50)), completion(1, true).at(ms(150))]);
+    sim.run().unwrap();
+    assert_eq!(sim.outcome(0).status, Some(503), "nobody listening yet");
+    assert_eq!(sim.outcome(1).status, Some(200));
+    assert_eq!(sim.outcome(1).header("x-sim-server"), Some(eps[0].as_str()));
+}
