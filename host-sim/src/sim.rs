@@ -104,6 +104,9 @@ pub struct SimConfig {
     pub preempt_probability: f64,
     /// Only events due within this much virtual time of a suspended callback run inside it.
     pub preempt_window: Nanos,
+    /// More local replies than this deferred by one callback overflow V8's stack in Envoy
+    /// and kill the VM (measured: 288 fine, 312 crashed). 0 = no limit.
+    pub nested_local_reply_limit: usize,
 }
 
 impl SimConfig {
@@ -147,6 +150,7 @@ impl SimConfig {
             stream_idle_timeout: 300 * SEC,
             preempt_probability: 0.0,
             preempt_window: 100 * US,
+            nested_local_reply_limit: 300,
         }
     }
 
@@ -1137,7 +1141,18 @@ impl Sim {
                 for o in outgoing {
                     self.outgoing(vm, o);
                 }
+                // Envoy drains these nested: each local reply runs the filter's response
+                // callbacks, and the next one is drained inside that call, so V8's stack
+                // grows with every local reply of one callback.
+                let mut replies = 0usize;
                 for e in effects {
+                    if matches!(e, Effect::LocalReply { .. }) {
+                        replies += 1;
+                        let limit = self.cfg.nested_local_reply_limit;
+                        if limit > 0 && replies == limit + 1 && self.vms[vm].failed.is_none() {
+                            self.stack_overflow(vm, replies);
+                        }
+                    }
                     self.apply_effect(vm, e);
                 }
                 Some(ret)
@@ -1162,6 +1177,24 @@ impl Sim {
                 self.push(self.now + u64::from(period) * MS, Ev::Tick { vm, gen });
             }
         }
+    }
+
+    /// V8 ran out of stack draining nested local replies: the VM dies (its remaining
+    /// deferred replies are still sent, without the filter).
+    fn stack_overflow(&mut self, vm: usize, replies: usize) {
+        let message = format!(
+            "proxy_on_response_headers failed: Uncaught RangeError: Maximum call stack size \
+             exceeded ({replies} local replies drained nested in one callback; Envoy's V8 \
+             overflows at about 300)"
+        );
+        self.crashes.push(Crash {
+            at: self.now,
+            slot: self.vm_slot[vm],
+            callback: "proxy_on_response_headers",
+            message: message.clone(),
+        });
+        self.vms[vm].failed = Some((self.now, message));
+        self.tick_state[vm].1 += 1;
     }
 
     fn crash(&mut self, vm: usize, cb: Callback, e: &wasmtime::Error) {
@@ -2005,7 +2038,12 @@ impl Sim {
             }
         }
         let mut body = body;
-        let run_filter = through_filter && self.streams[sid].filter && self.streams[sid].started;
+        let run_filter = through_filter
+            && self.streams[sid].filter
+            && self.streams[sid].started
+            && self.vms.0[self.streams[sid].vm]
+                .as_ref()
+                .is_some_and(|v| v.failed.is_none());
         if run_filter {
             let eos = body.is_empty();
             let n = headers.len() as u32;

@@ -218,3 +218,28 @@ fn callouts_are_routed_by_the_original_dst_header_and_time_out() {
         o[2].text()
     );
 }
+
+#[test]
+fn too_many_local_replies_in_one_callback_overflow_the_vm_like_v8() {
+    for (parked, crashes) in [(250u64, 0usize), (320, 1)] {
+        let mut sim = probe_sim(1, 8);
+        sim.add_requests((0..parked).map(|i| RequestSpec::get("/park").at(ms(10) + i * US)));
+        sim.add_requests([RequestSpec::get("/reply-all").at(ms(20))]);
+        sim.run().unwrap();
+        assert_eq!(
+            sim.crashes().len(),
+            crashes,
+            "{parked} replies in one callback"
+        );
+        let answered = sim.outcomes()[..parked as usize]
+            .iter()
+            .filter(|o| o.status == Some(429))
+            .count();
+        assert_eq!(answered as u64, parked, "every reply is still sent");
+        if crashes > 0 {
+            assert!(sim.crashes()[0]
+                .message
+                .contains("Maximum call stack size exceeded"));
+        }
+    }
+}

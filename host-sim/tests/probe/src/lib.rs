@@ -108,7 +108,12 @@ impl RootContext for Root {
             }
             let mut parts = msg.split(' ');
             let (how, ctx) = (parts.next().unwrap_or(""), parts.next().unwrap_or("0"));
-            if how == "release-all" {
+            if how == "reply-all" {
+                let all: Vec<u32> = PARKED.with(|p| p.borrow_mut().drain(..).collect());
+                for c in all {
+                    release(c, "reply");
+                }
+            } else if how == "release-all" {
                 let all: Vec<u32> = PARKED.with(|p| p.borrow_mut().drain(..).collect());
                 for c in all {
                     release(c, "release");
@@ -188,6 +193,10 @@ impl HttpContext for Http {
             "/park" => {
                 PARKED.with(|p| p.borrow_mut().push(self.id));
                 Action::Pause
+            }
+            "/reply-all" => {
+                send_self("reply-all 0");
+                Action::Continue
             }
             "/release-all" => {
                 send_self("release-all 0");
