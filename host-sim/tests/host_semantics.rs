@@ -243,3 +243,23 @@ fn too_many_local_replies_in_one_callback_overflow_the_vm_like_v8() {
         }
     }
 }
+
+#[test]
+fn a_buffered_body_is_seen_with_cumulative_sizes_and_a_final_end_of_stream_call() {
+    let mut sim = probe_sim(1, 9);
+    let body = vec![b'x'; 150 * 1024];
+    sim.add_requests([RequestSpec::post("/body", body).at(ms(10))]);
+    sim.run().unwrap();
+    assert_eq!(sim.outcome(0).status, Some(200));
+    // 64 KiB pieces, each callback seeing everything buffered so far, then the end of
+    // stream again with the whole body (Envoy: false then true even for one packet).
+    assert_eq!(
+        list(&sim, "probe.bodies"),
+        [
+            "65536/65536/false",
+            "131072/131072/false",
+            "153600/153600/false",
+            "153600/153600/true"
+        ]
+    );
+}
