@@ -473,10 +473,12 @@ fn a_crashed_workers_in_flight_requests_fail_and_their_counts_expire_after_ten_s
         .workers(1)
         .seed(2);
     let mut sim = sim_with(cfg, &eps, |a| SimpleUpstream::new(a).ttft(ms(200)));
-    // The first response header callback on the worker traps (it reads upstream.address).
+    // The first response header callback on the worker traps (it reads upstream.address;
+    // configure, at 0 ms, also reads a property).
     sim.add_fault(
         Fault::new("proxy_get_property", FaultAction::Trap)
             .in_slot(host_sim::slot_of_worker(0))
+            .between(ms(5), u64::MAX)
             .times(1),
     );
     sim.add_requests((0..4).map(|i| completion(i, false).at(ms(10) + i as u64)));
@@ -493,10 +495,11 @@ fn a_crashed_workers_in_flight_requests_fail_and_their_counts_expire_after_ten_s
     // The dead VM never released its four requests: the ledger still counts them ...
     let total = |sim: &host_sim::Sim| -> u64 { eps.iter().map(|e| ledger(sim).in_flight(e)).sum() };
     assert_eq!(total(&sim), 4);
-    // ... until the next pick after 10 s drops rows not refreshed since (lazily: a tick
-    // of a VM without a row of its own does not clean up).
-    sim.run_until(host_sim::SEC * 12).unwrap();
+    // ... until a live VM's tick, 10 s on, drops the rows nobody refreshed.
+    sim.run_until(host_sim::SEC * 9).unwrap();
     assert_eq!(total(&sim), 4);
+    sim.run_until(host_sim::SEC * 12).unwrap();
+    assert_eq!(total(&sim), 0, "the dead VM's counts expired");
     sim.add_requests([completion(9, false).at(host_sim::SEC * 12 + ms(1))]);
     sim.run_until(host_sim::SEC * 12 + ms(100)).unwrap();
     assert_eq!(total(&sim), 1, "only the new request");
