@@ -541,7 +541,7 @@ def sched(a, procs, command):
         body = "No criterion benchmarks in `filter/` at this revision (`filter/benches/` is absent); nothing run."
         publish("Scheduling cost (criterion)", command, load_before, body, notes, not a.no_append)
         return
-    cmd = ["cargo", "bench", "-p", "filter", "--", "--warm-up-time", str(a.warm_up_time),
+    cmd = ["cargo", "bench", "-p", "filter", "--bench", "*", "--", "--warm-up-time", str(a.warm_up_time),
            "--measurement-time", str(a.measurement_time)]
     log(" ".join(cmd))
     try:
@@ -552,7 +552,11 @@ def sched(a, procs, command):
     if r.returncode != 0:
         raise SystemExit(f"bench: cargo bench failed:\n{out[-4000:]}")
     rows = parse_criterion(out)
-    body = table(["benchmark", "time (median estimate)", "throughput", "95 % interval"], rows) if rows else (
+    headers = ["benchmark", "time (median estimate)", "throughput", "95 % interval"]
+    if rows and not any(r[2] for r in rows):
+        headers.pop(2)
+        rows = [[r[0], r[1], r[3]] for r in rows]
+    body = table(headers, rows) if rows else (
         "cargo bench ran but printed no criterion results:\n\n```\n" + out[-2000:] + "\n```")
     notes.insert(0, f"`{' '.join(cmd)}` (bounded: {a.limit} s).")
     publish("Scheduling cost (criterion)", command, load_before, body, notes, not a.no_append)
