@@ -214,12 +214,18 @@ pub fn release(
     })
 }
 
-/// Marks `vm` as alive (call it from the VM's tick), so its row is not taken for a dead VM's.
+/// Marks `vm` as alive (call it from the VM's tick), so its row is not taken for a dead
+/// VM's, and drops the rows of dead VMs so their counts stop skewing picks.
 pub fn heartbeat(store: &impl SharedStore, vm: u64, now_ms: i64) -> Result<(), StoreError> {
     let Some(ledger) = crate::shared_store::read::<Ledger>(store, LEDGER_KEY)? else {
         return Ok(());
     };
-    if !ledger.workers.iter().any(|w| w.vm == vm) {
+    let mine = ledger.workers.iter().any(|w| w.vm == vm);
+    let dead = ledger
+        .workers
+        .iter()
+        .any(|w| now_ms.saturating_sub(w.seen_ms) >= WORKER_STALE_MS);
+    if !mine && !dead {
         return Ok(());
     }
     update(store, LEDGER_KEY, |ledger: &mut Ledger| {
@@ -293,6 +299,14 @@ mod tests {
             "dead VM's request no longer counted"
         );
         assert_eq!(l.in_flight(EPS[1]), 1, "live VM's request still counted");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn any_vms_heartbeat_drops_a_dead_vms_row() {
+        let s = MemoryStore::default();
+        acquire(&s, 1, &EPS[..1], 0, 0).unwrap(); // VM 1 dies holding EPS[0]
+        heartbeat(&s, 3, WORKER_STALE_MS).unwrap(); // VM 3 holds nothing
+        assert!(ledger(&s).workers.is_empty());
     }
 
     #[wasm_bindgen_test(unsupported = test)]

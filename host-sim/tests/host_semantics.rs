@@ -218,3 +218,48 @@ fn callouts_are_routed_by_the_original_dst_header_and_time_out() {
         o[2].text()
     );
 }
+
+#[test]
+fn too_many_local_replies_in_one_callback_overflow_the_vm_like_v8() {
+    for (parked, crashes) in [(250u64, 0usize), (320, 1)] {
+        let mut sim = probe_sim(1, 8);
+        sim.add_requests((0..parked).map(|i| RequestSpec::get("/park").at(ms(10) + i * US)));
+        sim.add_requests([RequestSpec::get("/reply-all").at(ms(20))]);
+        sim.run().unwrap();
+        assert_eq!(
+            sim.crashes().len(),
+            crashes,
+            "{parked} replies in one callback"
+        );
+        let answered = sim.outcomes()[..parked as usize]
+            .iter()
+            .filter(|o| o.status == Some(429))
+            .count();
+        assert_eq!(answered as u64, parked, "every reply is still sent");
+        if crashes > 0 {
+            assert!(sim.crashes()[0]
+                .message
+                .contains("Maximum call stack size exceeded"));
+        }
+    }
+}
+
+#[test]
+fn a_buffered_body_is_seen_with_cumulative_sizes_and_a_final_end_of_stream_call() {
+    let mut sim = probe_sim(1, 9);
+    let body = vec![b'x'; 150 * 1024];
+    sim.add_requests([RequestSpec::post("/body", body).at(ms(10))]);
+    sim.run().unwrap();
+    assert_eq!(sim.outcome(0).status, Some(200));
+    // 64 KiB pieces, each callback seeing everything buffered so far, then the end of
+    // stream again with the whole body (Envoy: false then true even for one packet).
+    assert_eq!(
+        list(&sim, "probe.bodies"),
+        [
+            "65536/65536/false",
+            "131072/131072/false",
+            "153600/153600/false",
+            "153600/153600/true"
+        ]
+    );
+}

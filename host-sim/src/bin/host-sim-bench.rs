@@ -2,7 +2,8 @@
 //! in front of 8 simulated model servers. Prints the wall time (not a test: nothing is
 //! asserted beyond every request having an outcome).
 //!
-//! `cargo run --release -p host-sim --bin host-sim-bench [-- REQUESTS [SEED]]`
+//! `cargo run --release -p host-sim --bin host-sim-bench [-- REQUESTS [SEED [PREEMPT]]]`
+//! (PREEMPT: probability of suspending a VM inside a shared-data call, default 0).
 
 use host_sim::world::clock::Rng;
 use host_sim::{ms, Final, Poisson, Sim, SimConfig, SimpleUpstream};
@@ -13,9 +14,13 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let requests: usize = args.next().map_or(Ok(10_000), |a| a.parse())?;
     let seed: u64 = args.next().map_or(Ok(1), |a| a.parse())?;
+    let preempt: f64 = args.next().map_or(Ok(0.0), |a| a.parse())?;
     let eps: Vec<String> = (1..=8).map(|i| format!("10.0.0.{i}:8000")).collect();
     let config = serde_json::json!({"pool": {"endpoints": eps}}).to_string();
-    let mut cfg = SimConfig::new(&config).workers(4).seed(seed);
+    let mut cfg = SimConfig::new(&config)
+        .workers(4)
+        .seed(seed)
+        .preempt(preempt);
     cfg.check_invariants = false;
 
     let t0 = Instant::now();
@@ -63,6 +68,11 @@ fn main() -> anyhow::Result<()> {
     println!("outcomes        {status:?}");
     println!("per endpoint    {per_ep:?}");
     println!("trace hash      {:016x}", sim.trace_hash());
+    println!(
+        "preemption      p={preempt}: {} suspensions, {} lost CAS races",
+        sim.yields(),
+        sim.cas_mismatches()
+    );
     println!("setup (module)  {:.3} s", setup.as_secs_f64());
     println!("run wall time   {:.3} s", run.as_secs_f64());
     println!("total wall time {:.3} s", t0.elapsed().as_secs_f64());

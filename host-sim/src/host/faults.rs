@@ -17,7 +17,7 @@ pub enum FaultAction {
 pub struct Fault {
     /// Import name, e.g. `proxy_set_shared_data`.
     pub import: String,
-    /// Only in this thread slot (see [`crate::Slot`] numbering: 0 base, 1 main, 2.. workers).
+    /// Only in this thread slot (0 base VM, 1 main-thread VM, [`crate::slot_of_worker`] for workers).
     pub slot: Option<usize>,
     /// Active from this virtual time.
     pub from: Nanos,

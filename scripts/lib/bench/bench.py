@@ -409,7 +409,7 @@ def quality(a, procs, command):
     steps = [float(x) for x in a.qps.split(",") if x.strip()]
     shape = ["--groups", a.groups, "--prompts-per-group", a.prompts_per_group,
              "--system-prompt-len", a.system_prompt_len, "--question-len", a.question_len,
-             "--output-len", a.output_len, "--stream"]
+             "--output-len", a.output_len, "--zipf", a.zipf, "--stream"]
     side_defs = [("Envoy ROUND_ROBIN", "envoy", "ROUND_ROBIN"), ("Envoy LEAST_REQUEST", "envoy", "LEAST_REQUEST"),
                  ("sglang cache_aware", "sglang", "cache_aware"), ("filter (default)", "envoy", "filter")]
     if a.no_sglang:
@@ -476,7 +476,8 @@ def quality(a, procs, command):
         f"Setup: per side, its own {a.servers} × `vllm-sim {' '.join(sim_args)}` (seeds 0..{a.servers - 1}, "
         f"identical across sides); Envoy 1.40 `--concurrency {a.workers}`; sglang-router 0.3.2 defaults. "
         f"Workload (shared prefix, tokens): {a.groups} groups × {a.prompts_per_group} prompts, system "
-        f"{a.system_prompt_len}, question {a.question_len}, output {a.output_len} (ignore_eos), streamed "
+        f"{a.system_prompt_len}, question {a.question_len}, output {a.output_len} (ignore_eos)"
+        + (f", groups drawn Zipf({a.zipf})" if float(a.zipf) > 0 else "") + ", streamed "
         f"`/v1/completions`, Poisson arrivals (same seed for every side), {a.seconds:g} s per step after a "
         f"{a.warmup:g} s warm-up at {steps[0]:g} QPS (all sides at once). Steps run in order with the sides alternating "
         "(rotated order per step). Prefix hit % = Δ`vllm:prefix_cache_hits_total` ÷ "
@@ -540,7 +541,7 @@ def sched(a, procs, command):
         body = "No criterion benchmarks in `filter/` at this revision (`filter/benches/` is absent); nothing run."
         publish("Scheduling cost (criterion)", command, load_before, body, notes, not a.no_append)
         return
-    cmd = ["cargo", "bench", "-p", "filter", "--", "--warm-up-time", str(a.warm_up_time),
+    cmd = ["cargo", "bench", "-p", "filter", "--bench", "*", "--", "--warm-up-time", str(a.warm_up_time),
            "--measurement-time", str(a.measurement_time)]
     log(" ".join(cmd))
     try:
@@ -551,7 +552,11 @@ def sched(a, procs, command):
     if r.returncode != 0:
         raise SystemExit(f"bench: cargo bench failed:\n{out[-4000:]}")
     rows = parse_criterion(out)
-    body = table(["benchmark", "time (median estimate)", "throughput", "95 % interval"], rows) if rows else (
+    headers = ["benchmark", "time (median estimate)", "throughput", "95 % interval"]
+    if rows and not any(r[2] for r in rows):
+        headers.pop(2)
+        rows = [[r[0], r[1], r[3]] for r in rows]
+    body = table(headers, rows) if rows else (
         "cargo bench ran but printed no criterion results:\n\n```\n" + out[-2000:] + "\n```")
     notes.insert(0, f"`{' '.join(cmd)}` (bounded: {a.limit} s).")
     publish("Scheduling cost (criterion)", command, load_before, body, notes, not a.no_append)
@@ -581,6 +586,7 @@ def main():
     p.add_argument("--system-prompt-len", default="1024")
     p.add_argument("--question-len", default="128")
     p.add_argument("--output-len", default="64")
+    p.add_argument("--zipf", default="0")
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--warmup", type=float, default=15)

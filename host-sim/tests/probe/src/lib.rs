@@ -108,7 +108,12 @@ impl RootContext for Root {
             }
             let mut parts = msg.split(' ');
             let (how, ctx) = (parts.next().unwrap_or(""), parts.next().unwrap_or("0"));
-            if how == "release-all" {
+            if how == "reply-all" {
+                let all: Vec<u32> = PARKED.with(|p| p.borrow_mut().drain(..).collect());
+                for c in all {
+                    release(c, "reply");
+                }
+            } else if how == "release-all" {
                 let all: Vec<u32> = PARKED.with(|p| p.borrow_mut().drain(..).collect());
                 for c in all {
                     release(c, "release");
@@ -142,11 +147,34 @@ struct Http {
 }
 
 impl Http {
-    fn callout(&self, cluster: &str, header: &str, to: &str, method: &str, path: &str, timeout_ms: u64) -> Action {
+    fn callout(
+        &self,
+        cluster: &str,
+        header: &str,
+        to: &str,
+        method: &str,
+        path: &str,
+        timeout_ms: u64,
+    ) -> Action {
         let body = br#"{"model":"m","prompt":"p","max_tokens":1}"#;
-        let headers = vec![(":method", method), (":path", path), (":authority", to), (header, to)];
-        let body = if method == "POST" { Some(&body[..]) } else { None };
-        match self.dispatch_http_call(cluster, headers, body, vec![], std::time::Duration::from_millis(timeout_ms)) {
+        let headers = vec![
+            (":method", method),
+            (":path", path),
+            (":authority", to),
+            (header, to),
+        ];
+        let body = if method == "POST" {
+            Some(&body[..])
+        } else {
+            None
+        };
+        match self.dispatch_http_call(
+            cluster,
+            headers,
+            body,
+            vec![],
+            std::time::Duration::from_millis(timeout_ms),
+        ) {
             Ok(_) => Action::Pause,
             Err(e) => {
                 self.send_http_response(500, vec![("x-dispatch-error", &format!("{e:?}"))], None);
@@ -157,9 +185,19 @@ impl Http {
 }
 
 impl Context for Http {
-    fn on_http_call_response(&mut self, _token: u32, _headers: usize, body_size: usize, _trailers: usize) {
-        let status = self.get_http_call_response_header(":status").unwrap_or_default();
-        let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
+    fn on_http_call_response(
+        &mut self,
+        _token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        let status = self
+            .get_http_call_response_header(":status")
+            .unwrap_or_default();
+        let body = self
+            .get_http_call_response_body(0, body_size)
+            .unwrap_or_default();
         self.send_http_response(200, vec![("x-callout-status", &status)], Some(&body));
     }
 
@@ -177,6 +215,7 @@ impl HttpContext for Http {
         self.set_http_request_header("x-gateway-destination-endpoint", Some("10.0.0.1:8000"));
         self.set_http_request_header("x-probe-vm", Some(&uid));
         match path.as_str() {
+            "/body" => Action::Pause,
             "/park-queue" => {
                 send_self(&format!("release {}", self.id));
                 Action::Pause
@@ -189,13 +228,38 @@ impl HttpContext for Http {
                 PARKED.with(|p| p.borrow_mut().push(self.id));
                 Action::Pause
             }
+            "/reply-all" => {
+                send_self("reply-all 0");
+                Action::Continue
+            }
             "/release-all" => {
                 send_self("release-all 0");
                 Action::Continue
             }
-            "/callout-metrics" => self.callout("scrape", "x-envoy-original-dst-host", "10.0.0.1:8000", "GET", "/metrics", 1000),
-            "/callout-slow" => self.callout("pool", "x-gateway-destination-endpoint", "10.0.0.2:8000", "POST", "/v1/completions", 100),
-            "/callout-dead" => self.callout("scrape", "x-envoy-original-dst-host", "10.0.0.9:8000", "GET", "/metrics", 1000),
+            "/callout-metrics" => self.callout(
+                "scrape",
+                "x-envoy-original-dst-host",
+                "10.0.0.1:8000",
+                "GET",
+                "/metrics",
+                1000,
+            ),
+            "/callout-slow" => self.callout(
+                "pool",
+                "x-gateway-destination-endpoint",
+                "10.0.0.2:8000",
+                "POST",
+                "/v1/completions",
+                100,
+            ),
+            "/callout-dead" => self.callout(
+                "scrape",
+                "x-envoy-original-dst-host",
+                "10.0.0.9:8000",
+                "GET",
+                "/metrics",
+                1000,
+            ),
             "/global" => {
                 if let Ok(Some(q)) = hostcalls::resolve_shared_queue("probe", "global") {
                     let _ = hostcalls::enqueue_shared_queue(q, Some(b"hello"));
@@ -203,6 +267,16 @@ impl HttpContext for Http {
                 Action::Continue
             }
             _ => Action::Continue,
+        }
+    }
+
+    fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        let seen = self.get_http_request_body(0, size).map_or(0, |b| b.len());
+        append("probe.bodies", &format!("{size}/{seen}/{end_of_stream}"));
+        if end_of_stream {
+            Action::Continue
+        } else {
+            Action::Pause
         }
     }
 

@@ -1,0 +1,386 @@
+//! The VMs of the simulated process: creating them, calling into them (with
+//! preemption), the deferred actions they ask for, crashes, queue messages and callouts.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+impl Sim {
+    /// Runs one callback, letting other VMs' due events run while it is suspended.
+    pub(super) fn invoke(&mut self, vm: usize, cb: Callback) -> wasmtime::Result<i32> {
+        let Some(mut v) = self.vms.0[vm].take() else {
+            return Err(wasmtime::Error::msg(format!(
+                "VM {vm} re-entered while suspended"
+            )));
+        };
+        v.store.data_mut().preempt.enabled =
+            self.busy.is_empty() && self.cfg.preempt_probability > 0.0;
+        self.busy.push(vm);
+        let mut fut = Box::pin(v.invoke(cb));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let (v, r) = loop {
+            match std::future::Future::poll(fut.as_mut(), &mut cx) {
+                std::task::Poll::Ready(x) => break x,
+                std::task::Poll::Pending => {
+                    self.yields += 1;
+                    self.hash.u64(0x5EED_1E1D ^ vm as u64);
+                    self.run_concurrent();
+                }
+            }
+        };
+        self.busy.pop();
+        self.vms.0[vm] = Some(v);
+        r
+    }
+
+    /// While a callback is suspended: run the next event due within the window that
+    /// does not need a busy VM (as another Envoy thread would meanwhile).
+    pub(super) fn run_concurrent(&mut self) {
+        let until = self.now + self.cfg.preempt_window;
+        let busy = self.busy.clone();
+        let (streams, upreqs, slot_vm) = (&self.streams, &self.upreqs, &self.slot_vm);
+        let next =
+            self.events
+                .pop_matching(until, |ev| match event_vm(ev, streams, upreqs, slot_vm) {
+                    Target::Free => true,
+                    Target::Vm(v) => !busy.contains(&v),
+                    Target::All => false,
+                });
+        if let Some((t, ev)) = next {
+            if let Err(e) = self.process(t, ev) {
+                if self.deferred_error.is_none() {
+                    self.deferred_error = Some(e);
+                }
+            }
+        }
+    }
+
+    pub(super) fn new_vm(&mut self, slot: usize) -> Result<usize> {
+        let seed = self.rng.next_u64();
+        let vm = Vm::new(
+            &self.compiled.engine,
+            &self.linker,
+            &self.compiled.module,
+            VmInit {
+                slot,
+                vm_id: self.cfg.vm_id.clone(),
+                plugin_name: self.cfg.plugin_name.clone(),
+                root_id_name: self.cfg.root_id.clone(),
+                plugin_config: self.cfg.plugin_config.clone().into_bytes(),
+                vm_config: self.cfg.vm_config.clone().into_bytes(),
+                seed,
+                shared: self.shared.clone(),
+                faults: self.faults.clone(),
+                log: self.log.clone(),
+                clusters: self.clusters.clone(),
+                callouts_in_flight: self.callouts_in_flight.clone(),
+                callout_limit: self.cfg.callout_limit,
+                preempt_probability: self.cfg.preempt_probability,
+            },
+        )?;
+        let idx = self.vms.0.len();
+        self.vms.0.push(Some(vm));
+        self.vm_slot.push(slot);
+        self.tick_state.push((0, 0));
+        self.slot_vm[slot] = Some(idx);
+        let root = {
+            let h = self.vms[idx].store.data_mut();
+            let r = h.alloc_ctx();
+            h.root_id = r;
+            r
+        };
+        let (vm_len, cfg_len) = {
+            let h = self.vms[idx].store.data();
+            (h.vm_config.len() as u32, h.plugin_config.len() as u32)
+        };
+        self.call(idx, Callback::ContextCreate(root, 0));
+        let started = self.call(idx, Callback::VmStart(root, vm_len));
+        let configured = self.call(idx, Callback::Configure(root, cfg_len));
+        if started == Some(0) || configured == Some(0) {
+            let why = if started == Some(0) {
+                "on_vm_start"
+            } else {
+                "on_configure"
+            };
+            let logs: Vec<String> = lock(&self.log)
+                .iter()
+                .filter(|l| l.slot == slot && l.level >= 3)
+                .map(|l| l.message.clone())
+                .collect();
+            bail!(
+                "the filter refused its configuration ({why} returned false) in slot {slot}; its log:\n{}",
+                logs.join("\n")
+            );
+        }
+        Ok(idx)
+    }
+
+    pub(super) fn start_vm(&mut self, slot: usize) -> Result<()> {
+        self.new_vm(slot)?;
+        Ok(())
+    }
+
+    /// Calls into a VM and then runs the deferred actions. `None` when the VM is dead or
+    /// trapped in this call.
+    pub(super) fn call(&mut self, vm: usize, cb: Callback) -> Option<i32> {
+        if self.vms[vm].failed.is_some() {
+            return None;
+        }
+        self.vm_calls += 1;
+        self.hash.u64(0xCA11 ^ ((vm as u64) << 8) ^ cb.code());
+        self.hash.u64(u64::from(cb.context()));
+        let ctx = cb.context();
+        {
+            let h = self.vms[vm].store.data_mut();
+            h.now = self.now;
+            h.current = ctx;
+            h.effective = ctx;
+        }
+        let r = self.invoke(vm, cb);
+        match r {
+            Ok(ret) => {
+                let (effects, outgoing, period) = {
+                    let h = self.vms[vm].store.data_mut();
+                    h.effective = h.current;
+                    (
+                        std::mem::take(&mut h.effects),
+                        std::mem::take(&mut h.outgoing),
+                        h.tick_period_ms,
+                    )
+                };
+                self.after_call_tick(vm, period);
+                for o in outgoing {
+                    self.outgoing(vm, o);
+                }
+                // Envoy drains these nested: each local reply runs the filter's response
+                // callbacks, and the next one is drained inside that call, so V8's stack
+                // grows with every local reply of one callback.
+                let mut replies = 0usize;
+                for e in effects {
+                    if matches!(e, Effect::LocalReply { .. }) {
+                        replies += 1;
+                        let limit = self.cfg.nested_local_reply_limit;
+                        if limit > 0 && replies == limit + 1 && self.vms[vm].failed.is_none() {
+                            self.stack_overflow(vm, replies);
+                        }
+                    }
+                    self.apply_effect(vm, e);
+                }
+                Some(ret)
+            }
+            Err(e) => {
+                self.crash(vm, cb, &e);
+                None
+            }
+        }
+    }
+
+    pub(super) fn after_call_tick(&mut self, vm: usize, period: u32) {
+        // The base VM never ticks in Envoy.
+        if self.vm_slot[vm] == SLOT_BASE {
+            return;
+        }
+        let (cur, gen) = self.tick_state[vm];
+        if cur != period {
+            let gen = gen + 1;
+            self.tick_state[vm] = (period, gen);
+            if period > 0 {
+                self.push(self.now + u64::from(period) * MS, Ev::Tick { vm, gen });
+            }
+        }
+    }
+
+    /// V8 ran out of stack draining nested local replies: the VM dies (its remaining
+    /// deferred replies are still sent, without the filter).
+    pub(super) fn stack_overflow(&mut self, vm: usize, replies: usize) {
+        let message = format!(
+            "proxy_on_response_headers failed: Uncaught RangeError: Maximum call stack size \
+             exceeded ({replies} local replies drained nested in one callback; Envoy's V8 \
+             overflows at about 300)"
+        );
+        self.crashes.push(Crash {
+            at: self.now,
+            slot: self.vm_slot[vm],
+            callback: "proxy_on_response_headers",
+            message: message.clone(),
+        });
+        self.vms[vm].failed = Some((self.now, message));
+        self.tick_state[vm].1 += 1;
+    }
+
+    pub(super) fn crash(&mut self, vm: usize, cb: Callback, e: &wasmtime::Error) {
+        let message = demangle_backtrace(&format!("{e:?}"));
+        let slot = self.vm_slot[vm];
+        self.crashes.push(Crash {
+            at: self.now,
+            slot,
+            callback: cb.name(),
+            message: message.clone(),
+        });
+        {
+            let h = self.vms[vm].store.data_mut();
+            h.effects.clear();
+            h.outgoing.clear();
+        }
+        self.vms[vm].failed = Some((self.now, message));
+        self.tick_state[vm].1 += 1;
+        // The stream whose callback trapped gets Envoy's 503.
+        let sid = self.vms[vm]
+            .store
+            .data()
+            .streams
+            .get(&cb.context())
+            .map(|h| h.sid);
+        if let Some(sid) = sid {
+            self.fail_stream(sid);
+        }
+    }
+
+    /// Envoy's `failStream`: a 503 local reply that no longer runs the dead filter.
+    pub(super) fn fail_stream(&mut self, sid: usize) {
+        self.streams[sid].filter = false;
+        self.local_reply(sid, 503, Vec::new(), Vec::new(), false);
+    }
+
+    pub(super) fn outgoing(&mut self, vm: usize, o: Outgoing) {
+        match o {
+            Outgoing::QueueReady { slot, root, token } => {
+                let lat = if slot >= 2 {
+                    self.cfg.network.queue_worker
+                } else {
+                    self.cfg.network.queue_main
+                };
+                let d = lat.draw(&mut self.rng);
+                self.push(self.now + d, Ev::QueueReady { slot, root, token });
+            }
+            Outgoing::HttpCall {
+                token,
+                root: _,
+                cluster,
+                headers,
+                body,
+                timeout_ms,
+            } => {
+                self.callouts.insert((vm, token), 0);
+                let dst_header = self
+                    .clusters
+                    .iter()
+                    .find(|c| c.name == cluster)
+                    .map(|c| c.dst_header.clone())
+                    .unwrap_or_default();
+                let dst = headers
+                    .iter()
+                    .find(|(k, _)| *k == dst_header)
+                    .map(|(_, v)| v.clone());
+                if timeout_ms > 0 {
+                    self.push(
+                        self.now + u64::from(timeout_ms) * MS,
+                        Ev::CalloutTimeout { vm, token },
+                    );
+                }
+                let rtt = self.cfg.network.upstream.draw(&mut self.rng) * 2;
+                let ep = dst.as_ref().and_then(|d| self.ep_index.get(d).copied());
+                let Some(ep) = ep.filter(|&e| self.endpoints[e].up) else {
+                    let (status, body) = if dst.is_none() {
+                        ("503", "no healthy upstream".to_string())
+                    } else {
+                        ("503", "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure".to_string())
+                    };
+                    let resp = CalloutResponse {
+                        headers: vec![(":status".into(), status.into())],
+                        body: body.into_bytes(),
+                    };
+                    self.push(self.now + rtt, Ev::CalloutDone { vm, token, resp });
+                    return;
+                };
+                let get = |n: &str| {
+                    headers
+                        .iter()
+                        .find(|(k, _)| k == n)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_default()
+                };
+                let path = get(":path");
+                if get(":method") == "GET" && path.split('?').next() == Some("/metrics") {
+                    let text = self.endpoints[ep].upstream.metrics(self.now);
+                    let resp = CalloutResponse {
+                        headers: vec![
+                            (":status".into(), "200".into()),
+                            ("content-type".into(), "text/plain; version=0.0.4".into()),
+                        ],
+                        body: text.into_bytes(),
+                    };
+                    self.push(self.now + rtt, Ev::CalloutDone { vm, token, resp });
+                    return;
+                }
+                let uid = self.next_uid;
+                self.next_uid += 1;
+                self.upreqs.insert(
+                    uid,
+                    UpReq {
+                        owner: UpRef::Callout { vm, token },
+                        ep,
+                        req: Some(UpstreamRequest {
+                            method: get(":method"),
+                            path,
+                            headers,
+                            body,
+                        }),
+                        last_delivery: 0,
+                        callout: CalloutResponse::default(),
+                        done: false,
+                    },
+                );
+                self.push(self.now + rtt / 2, Ev::UpstreamArrive { uid });
+            }
+        }
+    }
+
+    pub(super) fn callout_done(&mut self, vm: usize, token: u32, resp: CalloutResponse) {
+        if self.callouts.remove(&(vm, token)).is_none() {
+            return; // already answered (or timed out)
+        }
+        let _ = self
+            .callouts_in_flight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
+        if self.vms[vm].failed.is_some() {
+            return;
+        }
+        let root = self.vms[vm].store.data().root_id;
+        let (nh, nb) = (resp.headers.len() as u32, resp.body.len() as u32);
+        self.vms[vm].store.data_mut().callout = Some(resp);
+        self.call(vm, Callback::HttpCallResponse(root, token, nh, nb, 0));
+        if let Some(Some(v)) = self.vms.0.get_mut(vm) {
+            v.store.data_mut().callout = None;
+        }
+    }
+
+    pub(super) fn apply_effect(&mut self, vm: usize, e: Effect) {
+        let ctx = match &e {
+            Effect::Continue { ctx, .. }
+            | Effect::LocalReply { ctx, .. }
+            | Effect::Close { ctx } => *ctx,
+        };
+        let Some(sid) = self.vms[vm].store.data().streams.get(&ctx).map(|h| h.sid) else {
+            return;
+        };
+        match e {
+            Effect::Continue {
+                dir: StreamDir::Request,
+                ..
+            } => self.continue_request(sid),
+            Effect::Continue {
+                dir: StreamDir::Response,
+                ..
+            } => self.continue_response(sid),
+            Effect::LocalReply {
+                status,
+                body,
+                headers,
+                ..
+            } => self.local_reply(sid, status, body, headers, true),
+            Effect::Close { .. } => self.reset_stream(sid, Final::Reset),
+        }
+    }
+}
