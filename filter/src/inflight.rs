@@ -19,7 +19,7 @@ use prost::Message;
 /// Shared-data key of the ledger (versioned: a new layout gets a new key).
 pub const LEDGER_KEY: &str = "epp.v1.inflight";
 /// A row not refreshed for this long belongs to a dead VM.
-pub const WORKER_STALE_MS: i64 = 10_000;
+pub const WORKER_STALE_MS: i64 = 5_000;
 
 /// The whole ledger, as stored.
 #[derive(Clone, PartialEq, Message)]

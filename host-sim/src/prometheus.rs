@@ -24,6 +24,60 @@ pub fn default_rules() -> Vec<TagRule> {
         .unwrap_or_else(|e| panic!("envoy/stats-tags.yaml: {e}"))
 }
 
+/// A `histogram_bucket_settings` entry: stats whose Envoy name starts with `prefix`
+/// (e.g. `wasmcustom.inference_...`) use `buckets`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketSetting {
+    /// Stat-name prefix, including the `wasmcustom.` namespace.
+    pub prefix: String,
+    /// Bucket upper bounds.
+    pub buckets: Vec<f64>,
+}
+
+/// The project's bucket settings (`envoy/histogram-buckets.yaml`), as rendered into the
+/// bootstrap; histograms they do not match use [`DEFAULT_BUCKETS`].
+pub fn default_bucket_settings() -> Vec<BucketSetting> {
+    parse_bucket_settings(include_str!("../../envoy/histogram-buckets.yaml"))
+}
+
+/// Parses a list in the form of `envoy/histogram-buckets.yaml`
+/// (`- match: {prefix: x}` followed by `buckets: [a, b, ...]`).
+pub fn parse_bucket_settings(yaml: &str) -> Vec<BucketSetting> {
+    let mut out = Vec::new();
+    let mut prefix: Option<String> = None;
+    for line in yaml.lines() {
+        let l = line.trim().trim_start_matches("- ").trim();
+        if let Some(v) = l.strip_prefix("match:") {
+            prefix = v
+                .trim()
+                .trim_start_matches('{')
+                .trim_end_matches('}')
+                .trim()
+                .strip_prefix("prefix:")
+                .map(|p| p.trim().to_string());
+        } else if let Some(v) = l.strip_prefix("buckets:") {
+            let buckets = v
+                .trim()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .split(',')
+                .filter_map(|b| b.trim().parse::<f64>().ok())
+                .collect();
+            if let Some(prefix) = prefix.take() {
+                out.push(BucketSetting { prefix, buckets });
+            }
+        }
+    }
+    out
+}
+
+fn buckets_for<'a>(stat_name: &str, settings: &'a [BucketSetting]) -> &'a [f64] {
+    settings
+        .iter()
+        .find(|s| stat_name.starts_with(&s.prefix))
+        .map_or(DEFAULT_BUCKETS, |s| s.buckets.as_slice())
+}
+
 /// Parses a `stats_tags` list in the form of `envoy/stats-tags.yaml`
 /// (`- tag_name: x` followed by `regex: '...'`).
 pub fn parse_rules(yaml: &str) -> Result<Vec<TagRule>> {
@@ -118,9 +172,13 @@ fn fmt_num(v: f64) -> String {
 }
 
 /// Renders the stats as `/stats/prometheus` text.
-pub fn render(stats: &BTreeMap<String, Stat>, rules: &[TagRule], buckets: &[f64]) -> String {
-    // family name -> (kind, [(labels, stat)])
-    type Family<'a> = (MetricKind, Vec<(String, &'a Stat)>);
+pub fn render(
+    stats: &BTreeMap<String, Stat>,
+    rules: &[TagRule],
+    bucket_settings: &[BucketSetting],
+) -> String {
+    // family name -> (kind, [(labels, stat, buckets)])
+    type Family<'a> = (MetricKind, Vec<(String, &'a Stat, &'a [f64])>);
     let mut families: BTreeMap<String, Family> = BTreeMap::new();
     for (name, stat) in stats {
         let (extracted, tags) = extract(name, rules);
@@ -133,7 +191,7 @@ pub fn render(stats: &BTreeMap<String, Stat>, rules: &[TagRule], buckets: &[f64]
             .entry(metric_name(&extracted))
             .or_insert_with(|| (stat.kind, Vec::new()))
             .1
-            .push((labels, stat));
+            .push((labels, stat, buckets_for(name, bucket_settings)));
     }
     let mut out = String::new();
     for (family, (kind, mut members)) in families {
@@ -144,7 +202,7 @@ pub fn render(stats: &BTreeMap<String, Stat>, rules: &[TagRule], buckets: &[f64]
             MetricKind::Histogram => "histogram",
         };
         out.push_str(&format!("# TYPE {family} {t}\n"));
-        for (labels, stat) in members {
+        for (labels, stat, buckets) in members {
             if kind == MetricKind::Histogram {
                 let sep = if labels.is_empty() { "" } else { "," };
                 for b in buckets {
@@ -164,9 +222,8 @@ pub fn render(stats: &BTreeMap<String, Stat>, rules: &[TagRule], buckets: &[f64]
                     "{family}_count{{{labels}}} {}\n",
                     stat.samples.len()
                 ));
-            } else if labels.is_empty() {
-                out.push_str(&format!("{family} {}\n", stat.value));
             } else {
+                // Envoy prints `{}` on untagged lines too.
                 out.push_str(&format!("{family}{{{labels}}} {}\n", stat.value));
             }
         }
@@ -240,7 +297,25 @@ mod tests {
                 samples: vec![3, 700],
             },
         );
-        let text = render(&stats, &default_rules(), &[1.0, 5.0, 1000.0]);
+        stats.insert(
+            "wasmcustom.inference_extension_prefix_indexer_size".to_string(),
+            Stat {
+                kind: MetricKind::Gauge,
+                value: 7,
+                samples: vec![],
+            },
+        );
+        let settings =
+            parse_bucket_settings("- match: {prefix: wasmcustom.lat_}\n  buckets: [1, 5, 1000]\n");
+        let text = render(&stats, &default_rules(), &settings);
+        assert!(
+            text.contains("inference_extension_prefix_indexer_size{} 7\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("lat_ms_bucket{le=\"10\"}"),
+            "Envoy's defaults replaced: {text}"
+        );
         assert!(text.contains("# TYPE inference_objective_running_requests gauge\n"));
         assert_eq!(
             value(
@@ -252,5 +327,13 @@ mod tests {
         assert!(text.contains("lat_ms_bucket{le=\"5\"} 1\n"), "{text}");
         assert!(text.contains("lat_ms_sum{} 703\n"), "{text}");
         assert!(text.contains("lat_ms_count{} 2\n"), "{text}");
+    }
+
+    #[test]
+    fn the_projects_bucket_settings_are_read() {
+        let settings = default_bucket_settings();
+        assert!(settings.iter().any(|s| s.prefix
+            == "wasmcustom.inference_extension_flow_control_dispatch_cycle_duration_seconds"
+            && s.buckets.first() == Some(&5.0)));
     }
 }

@@ -101,10 +101,21 @@ fn dead_address() -> String {
 }
 
 /// The filter's own metric lines (sorted), from a Prometheus text.
+/// The filter's metric lines that do not depend on real time: counters, gauges kept by
+/// requests, and histogram counts. Left out: histogram buckets and sums (durations are
+/// real in Envoy, virtual in host-sim) and the gauges a timer publishes (pool averages,
+/// prefix index size), which appear only once that timer has run.
 fn filter_lines(prom: &str) -> Vec<String> {
+    let periodic = ["inference_pool_", "inference_extension_prefix_indexer_size"];
     let mut v: Vec<String> = prom
         .lines()
         .filter(|l| l.starts_with("inference_") || l.starts_with("# TYPE inference_"))
+        .filter(|l| {
+            !periodic
+                .iter()
+                .any(|p| l.trim_start_matches("# TYPE ").starts_with(p))
+        })
+        .filter(|l| !l.contains("_bucket{") && !l.contains("_sum{"))
         .map(str::to_string)
         .collect();
     v.sort();
@@ -186,7 +197,8 @@ fn the_same_requests_give_the_same_answers_and_metrics_in_envoy_and_in_host_sim(
         }
         from_envoy.push(seen_envoy(&r));
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // Envoy shows histograms at its next stats flush (1 s in this bootstrap).
+    std::thread::sleep(Duration::from_millis(1300));
     let envoy_metrics = filter_lines(&envoy.prometheus());
 
     let config = json!({"pool": {"maxRequestBodyBytes": 4096, "endpoints": eps}}).to_string();
@@ -226,7 +238,8 @@ fn a_router_503_for_a_dead_endpoint_looks_the_same_in_envoy_and_in_host_sim() {
     let envoy = Envoy::start(&json!({}), &[dead.as_str()], 1);
     let body = json!({"model": MODEL, "prompt": "hi", "max_tokens": 1}).to_string();
     let r = http::post_json(&envoy.listen, "/v1/completions", &body).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    // Envoy shows histograms at its next stats flush (1 s in this bootstrap).
+    std::thread::sleep(Duration::from_millis(1300));
     let envoy_metrics = filter_lines(&envoy.prometheus());
 
     let config = json!({"pool": {"endpoints": [dead]}}).to_string();

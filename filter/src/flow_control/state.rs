@@ -27,8 +27,12 @@ pub const STATE_KEY: &str = "epp.v1.flow-control";
 /// Heads published per queue: how many of a VM's requests of one flow other VMs can
 /// grant before the owner refreshes the list.
 pub const HEADS_PER_QUEUE: usize = 8;
-/// A VM that has not refreshed its row for this long is dead.
-pub const VM_STALE_MS: u64 = 10_000;
+/// A VM that has not refreshed its row for this long is dead: its rows are dropped with
+/// their counts. Live VMs refresh theirs on every tick (20 ms with flow control on).
+pub const VM_STALE_MS: u64 = 1_000;
+/// A VM silent for this long gets no new grants (it may be dead; a grant would hold
+/// capacity it cannot use).
+pub const VM_SUSPECT_MS: u64 = 200;
 
 /// The whole record.
 #[derive(Clone, PartialEq, Message)]
@@ -366,13 +370,13 @@ impl FlowState {
             let Some(priority) = self
                 .queues
                 .iter()
-                .filter(|q| q.queued > 0)
+                .filter(|q| self.servable(q, now_ms))
                 .map(|q| q.priority)
                 .max()
             else {
                 break;
             };
-            match self.grant_in_band(config, priority) {
+            match self.grant_in_band(config, priority, now_ms) {
                 Some(g) => {
                     self.note_dispatch(now_ms);
                     grants.push(g);
@@ -383,14 +387,29 @@ impl FlowState {
         grants
     }
 
-    fn grant_in_band(&mut self, config: &FlowControlConfig, priority: i32) -> Option<Grant> {
+    /// Whether a queue has requests a grant can be given for now: queued, on a VM that
+    /// is not suspected dead.
+    fn servable(&self, q: &Queue, now_ms: u64) -> bool {
+        q.queued > 0
+            && self
+                .vms
+                .iter()
+                .any(|r| r.vm == q.vm && now_ms.saturating_sub(r.seen_ms) < VM_SUSPECT_MS)
+    }
+
+    fn grant_in_band(
+        &mut self,
+        config: &FlowControlConfig,
+        priority: i32,
+        now_ms: u64,
+    ) -> Option<Grant> {
         let band = config.band(priority);
         // Flows of the band with a known head, each with its best head over the VMs.
         let mut flows: Vec<FlowHead<'_>> = Vec::new();
         for q in self
             .queues
             .iter()
-            .filter(|q| q.priority == priority && q.queued > 0)
+            .filter(|q| q.priority == priority && self.servable(q, now_ms))
         {
             let Some(head) = q.heads.first() else {
                 continue;
@@ -417,7 +436,7 @@ impl FlowState {
                 self.queues.get(i).is_some_and(|q| {
                     q.priority == priority
                         && q.fairness_id == fairness_id
-                        && q.queued > 0
+                        && self.servable(q, now_ms)
                         && !q.heads.is_empty()
                 })
             })
@@ -531,6 +550,54 @@ impl FlowState {
 mod tests {
     use super::*;
     use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_silent_vm_gets_no_grants_and_a_dead_one_frees_its_capacity() {
+        let config = FlowControlConfig::default();
+        let band = config.band(0);
+        let mut s = FlowState::default();
+        let flow = FlowRef {
+            priority: 0,
+            fairness_id: "a",
+        };
+        let head = |k| Head {
+            primary: k,
+            secondary: k,
+            bytes: 1,
+            tokens: 1,
+        };
+        let full = |s: &FlowState| if s.in_flight() >= 1 { 1.0 } else { 0.0 };
+        // VM 1 runs the only request, then VM 1 and VM 2 each park one; VM 1's is older.
+        assert_eq!(
+            s.admit(1, flow, head(0), &config, &band, 0, &full, &|_| Vec::new()),
+            Admission::Dispatch
+        );
+        assert_eq!(
+            s.admit(1, flow, head(1), &config, &band, 1, &full, &|_| vec![head(
+                1
+            )]),
+            Admission::Queued
+        );
+        assert_eq!(
+            s.admit(2, flow, head(2), &config, &band, 2, &full, &|_| vec![head(
+                2
+            )]),
+            Admission::Queued
+        );
+        // VM 1 goes silent (it crashed). VM 2 keeps ticking.
+        s.heartbeat(2, VM_SUSPECT_MS + 5);
+        assert!(
+            s.dispatch(&config, VM_SUSPECT_MS + 5, 8, &full).is_empty(),
+            "VM 1 still holds the slot"
+        );
+        s.heartbeat(2, VM_STALE_MS + 5);
+        let grants = s.dispatch(&config, VM_STALE_MS + 5, 8, &full);
+        assert_eq!(grants.len(), 1, "the dead VM's slot came back");
+        assert_eq!(
+            grants[0].vm, 2,
+            "and went to the live VM, not the dead one's older request"
+        );
+    }
 
     #[wasm_bindgen_test(unsupported = test)]
     fn recent_dispatches_are_counted_after_a_scrape_time_and_bounded() {

@@ -65,7 +65,7 @@ pub struct SimConfig {
     /// `stats_tags` rules for the Prometheus view.
     pub tag_rules: Vec<TagRule>,
     /// Histogram buckets for the Prometheus view.
-    pub histogram_buckets: Vec<f64>,
+    pub histogram_buckets: Vec<prometheus::BucketSetting>,
     /// Stop after this many events.
     pub max_events: u64,
     /// Stop at this virtual time.
@@ -108,19 +108,19 @@ impl SimConfig {
             clusters: vec![
                 Cluster {
                     name: "pool".into(),
-                    dst_header: "x-gateway-destination-endpoint".into(),
+                    dst_header: "x-gateway-destination-endpoint-primary".into(),
                 },
                 Cluster {
                     name: "scrape".into(),
                     dst_header: "x-envoy-original-dst-host".into(),
                 },
             ],
-            route_header: "x-gateway-destination-endpoint".into(),
+            route_header: "x-gateway-destination-endpoint-primary".into(),
             callout_limit: 1024,
             check_invariants: cfg!(debug_assertions),
             record_trace: false,
             tag_rules: prometheus::default_rules(),
-            histogram_buckets: prometheus::DEFAULT_BUCKETS.to_vec(),
+            histogram_buckets: prometheus::default_bucket_settings(),
             max_events: 50_000_000,
             max_time: 3600 * SEC,
             vm_start_jitter: 500 * US,
