@@ -45,6 +45,13 @@ fn probe_sim_with(workers: usize, seed: u64, adjust: impl Fn(&mut SimConfig)) ->
     adjust(&mut cfg);
     cfg.wasm = probe_wasm();
     cfg.vm_id = "probe".into();
+    // The probe routes the way Envoy's facts were measured: on the protocol header itself.
+    cfg.route_header = "x-gateway-destination-endpoint".into();
+    for c in &mut cfg.clusters {
+        if c.name == "pool" {
+            c.dst_header = "x-gateway-destination-endpoint".into();
+        }
+    }
     let mut sim = Sim::new(cfg).unwrap();
     sim.add_endpoint(
         "10.0.0.1:8000",
