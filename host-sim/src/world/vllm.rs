@@ -580,8 +580,9 @@ impl Upstream for VllmUpstream {
                 );
             }
             ("GET", "/health" | "/health/ready") => {
-                let headers = self.headers("text/plain");
-                let headers = headers[1..].to_vec();
+                // An empty body: no content-type; hyper says `content-length: 0`.
+                let mut headers = self.headers("")[1..].to_vec();
+                headers.push(("content-length".into(), "0".into()));
                 self.push(
                     now,
                     Emit::Head {
