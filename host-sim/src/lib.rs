@@ -6,7 +6,8 @@
 //!   local reply, effective contexts, body buffering, callouts, process-wide metrics,
 //!   `FAIL_RELOAD`, injectable host-call failures).
 //! * [`world`] — the discrete-event world: clock, events, clients and workloads,
-//!   network, model servers ([`world::upstream::Upstream`]), outcomes, invariants.
+//!   network, model servers ([`world::upstream::Upstream`]; [`VllmUpstream`] runs the
+//!   `vllm-sim` engine), outcomes, invariants.
 //! * [`sim`] — [`Sim`], which runs a scenario: Envoy's stream handling around the VMs.
 //! * [`prometheus`] — the `/stats/prometheus` view with the bootstrap's tag rules.
 //!
@@ -23,6 +24,7 @@ pub use vllm_sim;
 pub use world::clock::{ms, us, Nanos, MS, SEC, US};
 pub use world::outcomes::{Final, Outcome};
 pub use world::upstream::{Condition, SimpleUpstream, Upstream};
+pub use world::vllm::{VllmConfig, VllmUpstream};
 pub use world::workload::{Poisson, RequestSpec};
 
 /// Thread slot of Envoy's main-thread "base" VM (configuration only, no ticks).

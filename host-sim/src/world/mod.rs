@@ -1,5 +1,6 @@
 //! The simulated world around the host: virtual clock and randomness, the event queue,
-//! clients and their workloads, the network, model servers, per-request outcomes and
+//! clients and their workloads, the network, model servers (a simple one, and `vllm-sim`'s
+//! engine in [`vllm`]), per-request outcomes and
 //! the invariants checked while it runs.
 
 pub mod client;
@@ -9,4 +10,5 @@ pub mod invariants;
 pub mod network;
 pub mod outcomes;
 pub mod upstream;
+pub mod vllm;
 pub mod workload;

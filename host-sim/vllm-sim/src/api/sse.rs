@@ -54,7 +54,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Full(bytes) => bytes.is_none(),
-            ResponseBody::Sse(stream) => stream.done,
+            ResponseBody::Sse(stream) => stream.encoder.done,
         }
     }
 
@@ -67,9 +67,62 @@ impl Body for ResponseBody {
     }
 }
 
-/// The SSE stream of one streaming request (one or more choices).
+/// The SSE stream of one streaming request (one or more choices): the frames of an
+/// [`SseEncoder`], written as soon as the engine's events arrive.
 pub struct SseStream {
     rx: UnboundedReceiver<Routed>,
+    encoder: SseEncoder,
+}
+
+impl SseStream {
+    pub fn new(
+        rx: UnboundedReceiver<Routed>,
+        writer: ChunkWriter,
+        chat: bool,
+        include_usage: bool,
+        continuous_usage: bool,
+        prompt_tokens: &[usize],
+    ) -> Self {
+        SseStream {
+            rx,
+            encoder: SseEncoder::new(writer, chat, include_usage, continuous_usage, prompt_tokens),
+        }
+    }
+
+    fn poll_chunks(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        if self.encoder.done {
+            return Poll::Ready(None);
+        }
+        let mut out = String::new();
+        while out.len() < 64 * 1024 {
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(routed)) => {
+                    self.encoder.event(&mut out, routed);
+                    if self.encoder.done {
+                        break;
+                    }
+                }
+                Poll::Ready(None) => {
+                    // The engine dropped the request (server shutting down).
+                    self.encoder.aborted(&mut out);
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if out.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(Some(Bytes::from(out)))
+        }
+    }
+}
+
+/// The SSE frames of one streaming response, from the engine's events, without I/O:
+/// the bytes the server's [`SseStream`] writes (a discrete-event simulator uses it to
+/// answer exactly as the server does).
+#[derive(Clone, Debug)]
+pub struct SseEncoder {
     writer: ChunkWriter,
     chat: bool,
     include_usage: bool,
@@ -88,17 +141,16 @@ struct ChoiceState {
     role_sent: bool,
 }
 
-impl SseStream {
+impl SseEncoder {
+    /// An encoder for a response with one choice per entry of `prompt_tokens`.
     pub fn new(
-        rx: UnboundedReceiver<Routed>,
         writer: ChunkWriter,
         chat: bool,
         include_usage: bool,
         continuous_usage: bool,
         prompt_tokens: &[usize],
     ) -> Self {
-        SseStream {
-            rx,
+        SseEncoder {
             writer,
             chat,
             include_usage,
@@ -116,40 +168,36 @@ impl SseStream {
         }
     }
 
-    fn poll_chunks(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+    /// Whether the stream is over (`data: [DONE]` written).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Appends the frames of one engine event; after the last choice finished, also
+    /// the usage chunk (with `include_usage`) and `data: [DONE]`.
+    pub fn event(&mut self, out: &mut String, routed: Routed) {
         if self.done {
-            return Poll::Ready(None);
+            return;
         }
-        let mut out = String::new();
-        while out.len() < 64 * 1024 {
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(routed)) => {
-                    self.write_event(&mut out, routed);
-                    if self.unfinished == 0 {
-                        if self.include_usage {
-                            self.writer.usage(&mut out, &self.usage);
-                        }
-                        self.writer.done(&mut out);
-                        self.done = true;
-                        break;
-                    }
-                }
-                Poll::Ready(None) => {
-                    // The engine dropped the request (server shutting down).
-                    self.writer
-                        .error(&mut out, &ApiError::new(500, "request aborted"));
-                    self.writer.done(&mut out);
-                    self.done = true;
-                    break;
-                }
-                Poll::Pending => break,
+        self.write_event(out, routed);
+        if self.unfinished == 0 {
+            if self.include_usage {
+                self.writer.usage(out, &self.usage);
             }
+            self.writer.done(out);
+            self.done = true;
         }
-        if out.is_empty() {
-            Poll::Pending
-        } else {
-            Poll::Ready(Some(Bytes::from(out)))
+    }
+
+    /// Appends the error frame and `data: [DONE]` for a request the engine dropped.
+    pub fn aborted(&mut self, out: &mut String) {
+        if self.done {
+            return;
         }
+        self.writer
+            .error(out, &ApiError::new(500, "request aborted"));
+        self.writer.done(out);
+        self.done = true;
     }
 
     fn write_event(&mut self, out: &mut String, routed: Routed) {
