@@ -827,6 +827,8 @@ def overload(a, procs, command):
             t = sorted(r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None)
             n429 = sum(1 for r in rc if r["status"] == 429)
             n503 = sum(1 for r in rc if r["status"] == 503)
+            split = lambda st: "/".join(str(sum(1 for r in rc if r["status"] == st and r["tenant"] == tn))
+                                        for tn in tenants)
             other = len(rc) - len(ok) - n429 - n503
             # Completions while backlogged: finished within [warm-up, end of the arrivals].
             done = [r for r in ok if a.warm <= r["t0"] + r["sent_ms"] / 1000 + r["latency_ms"] / 1000 <= a.seconds]
@@ -841,11 +843,11 @@ def overload(a, procs, command):
             rows.append(["on" if flow else "off", c, f"{len(ok)}/{len(rc)}",
                          fmt(pct(t, 50) and pct(t, 50) / 1000, 2), fmt(pct(t, 90) and pct(t, 90) / 1000, 2),
                          fmt(pct(t, 99) and pct(t, 99) / 1000, 2), "/".join(per_tenant), "/".join(shares),
-                         n429, n503, other])
+                         f"{n429} ({split(429)})", f"{n503} ({split(503)})", other])
     headers = ["flow control", "class (priority)", "ok/sent", "TTFT p50 s", "TTFT p90 s", "TTFT p99 s",
                "TTFT p50 s per tenant",
                "completions per tenant % (" + "/".join(str(w) for w in a.tenant_weights) + " offered)",
-               "429", "503", "other errors"]
+               "429 (per tenant)", "503 (per tenant)", "other errors"]
     body = table(headers, rows)
     qrows = []
     for flow in (True, False):
