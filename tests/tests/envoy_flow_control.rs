@@ -204,3 +204,26 @@ fn a_request_waiting_past_its_ttl_gets_503() {
         "{prom}"
     );
 }
+
+#[test]
+fn without_the_gate_sheddable_requests_get_429_while_the_pool_is_saturated() {
+    let sims = slow_sim();
+    let mut legacy = config(json!({}));
+    legacy.as_object_mut().unwrap().remove("featureGates");
+    legacy.as_object_mut().unwrap().remove("flowControl");
+    let envoy = Envoy::start(&legacy, &[&sims[0].address], 2);
+    // Idle pool: a sheddable request passes.
+    assert_eq!(send(&envoy, "best-effort", "a").status, 200);
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(send(&envoy, "standard", "a").status, 200));
+        std::thread::sleep(Duration::from_millis(150)); // it holds the only slot
+        let r = send(&envoy, "best-effort", "b");
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert!(r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sheddable"));
+        // Requests of priority >= 0 are never shed by legacy admission.
+        assert_eq!(send(&envoy, "premium", "c").status, 200);
+    });
+}

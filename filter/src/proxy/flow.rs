@@ -18,6 +18,7 @@ use crate::flow_control::saturation::{concurrency, EndpointLoad, PoolLoad};
 use crate::flow_control::state::{
     Admission, Cancelled, FlowRef, FlowState, Grant, Head, HEADS_PER_QUEUE, STATE_KEY,
 };
+use crate::inflight::{Ledger, LEDGER_KEY};
 use crate::metrics;
 use crate::shared_store::{ensure, read, update};
 
@@ -89,13 +90,42 @@ fn endpoint_loads(config: &Config) -> Vec<EndpointLoad> {
 
 /// The pool's saturation for `state` (in-flight counts come from the shared state).
 fn saturation(config: &Config, loads: &[EndpointLoad], state: &FlowState, now_ms: u64) -> f64 {
+    pool_saturation(
+        config,
+        loads,
+        (state.in_flight(), state.in_flight_tokens()),
+        now_ms,
+    )
+}
+
+fn pool_saturation(
+    config: &Config,
+    loads: &[EndpointLoad],
+    in_flight: (u64, u64),
+    now_ms: u64,
+) -> f64 {
     config.flow.detector.saturation(&PoolLoad {
         endpoints: loads,
-        endpoint_count: config.pool.endpoints.len(),
-        in_flight_requests: state.in_flight(),
-        in_flight_tokens: state.in_flight_tokens(),
+        endpoint_count: loads.len().max(config.pool.endpoints.len()),
+        in_flight_requests: in_flight.0,
+        in_flight_tokens: in_flight.1,
         now_ms,
     })
+}
+
+/// Requests and tokens in flight pool-wide from the per-endpoint ledger, which counts every
+/// routed request, with or without flow control.
+fn ledger_in_flight(now_ms: u64) -> (u64, u64) {
+    let mut ledger: Ledger = read(&HostStore, LEDGER_KEY)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    ledger.drop_stale(i64::try_from(now_ms).unwrap_or(i64::MAX));
+    let total = ledger
+        .totals()
+        .values()
+        .fold((0, 0), |(r, t), (dr, dt)| (r + dr, t + dt));
+    total
 }
 
 fn queue_labels<'a>(
@@ -147,12 +177,9 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
     if !config.flow.enabled {
         // Legacy admission: only sheddable requests, only while saturated.
         if req.priority < 0 {
+            // Flow control's own in-flight record is not kept with the gate off.
             let loads = endpoint_loads(&config);
-            let state: FlowState = read(&HostStore, STATE_KEY)
-                .ok()
-                .flatten()
-                .unwrap_or_default();
-            if saturation(&config, &loads, &state, now_ms) >= 1.0 {
+            if pool_saturation(&config, &loads, ledger_in_flight(now_ms), now_ms) >= 1.0 {
                 return Admit::Reject(ApiError {
                     status: 429,
                     kind: "rate_limit_error",
