@@ -3,7 +3,7 @@
 //! strictly (unknown fields are errors) into plain specs. Plugin parameters are checked
 //! by each plugin's constructor (`crate::registry`).
 
-use super::quantity::{parse_duration_ms, parse_quantity};
+use super::quantity::parse_quantity;
 use super::validate::{as_array, as_object, as_str, err, only_fields, ConfigError};
 use serde_json::Value;
 
@@ -41,38 +41,6 @@ pub struct ProfileSpec {
     pub name: String,
     /// Its plugins, in order.
     pub plugins: Vec<ProfilePlugin>,
-}
-
-/// A priority band of flow control.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PriorityBand {
-    /// Priority (higher first); `None` only in `defaultPriorityBand`.
-    pub priority: Option<i64>,
-    /// Byte cap (0: the reference's default of 1,000,000,000).
-    pub max_bytes: u64,
-    /// Request cap (0: none).
-    pub max_requests: u64,
-    /// Fairness policy plugin name.
-    pub fairness_policy_ref: Option<String>,
-    /// Ordering policy plugin name.
-    pub ordering_policy_ref: Option<String>,
-}
-
-/// The `flowControl` section.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct FlowControlSpec {
-    /// Global byte cap (0: unlimited).
-    pub max_bytes: u64,
-    /// Global request cap (0: unlimited).
-    pub max_requests: u64,
-    /// Queue TTL in ms (0: none).
-    pub default_request_ttl_ms: u64,
-    /// Template for bands not listed.
-    pub default_priority_band: Option<PriorityBand>,
-    /// Explicit bands.
-    pub priority_bands: Vec<PriorityBand>,
-    /// Usage-limit policy plugin name.
-    pub usage_limit_policy_ref: Option<String>,
 }
 
 /// One data source and its extractors.
@@ -210,7 +178,8 @@ pub fn parse_plugin_ref(v: &Value, path: &str) -> Result<String, ConfigError> {
     Ok(as_str(r, &format!("{path}.pluginRef"))?.to_string())
 }
 
-fn quantity(v: Option<&Value>, path: &str) -> Result<u64, ConfigError> {
+/// Reads an optional quantity field (`null` or absent: 0).
+pub(crate) fn quantity(v: Option<&Value>, path: &str) -> Result<u64, ConfigError> {
     match v {
         None | Some(Value::Null) => Ok(0),
         Some(Value::Number(n)) => n
@@ -219,98 +188,6 @@ fn quantity(v: Option<&Value>, path: &str) -> Result<u64, ConfigError> {
         Some(Value::String(s)) => parse_quantity(s).map_err(|e| err(path, e)),
         Some(_) => Err(err(path, "must be a quantity such as 500, 1k or 10Gi")),
     }
-}
-
-fn band(v: &Value, path: &str, needs_priority: bool) -> Result<PriorityBand, ConfigError> {
-    let o = as_object(v, path)?;
-    let mut known = vec![
-        "maxBytes",
-        "maxRequests",
-        "fairnessPolicyRef",
-        "orderingPolicyRef",
-    ];
-    if needs_priority {
-        known.push("priority");
-    }
-    only_fields(o, path, &known)?;
-    let priority = if needs_priority {
-        let p = o.get("priority").ok_or_else(|| {
-            err(
-                &format!("{path}.priority"),
-                "missing: every band needs a priority",
-            )
-        })?;
-        Some(
-            p.as_i64()
-                .ok_or_else(|| err(&format!("{path}.priority"), "must be an integer"))?,
-        )
-    } else {
-        None
-    };
-    let opt_str = |k: &str| -> Result<Option<String>, ConfigError> {
-        match o.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => Ok(Some(as_str(v, &format!("{path}.{k}"))?.to_string())),
-        }
-    };
-    Ok(PriorityBand {
-        priority,
-        max_bytes: quantity(o.get("maxBytes"), &format!("{path}.maxBytes"))?,
-        max_requests: quantity(o.get("maxRequests"), &format!("{path}.maxRequests"))?,
-        fairness_policy_ref: opt_str("fairnessPolicyRef")?,
-        ordering_policy_ref: opt_str("orderingPolicyRef")?,
-    })
-}
-
-/// Parses `flowControl`.
-pub fn parse_flow_control(v: &Value) -> Result<FlowControlSpec, ConfigError> {
-    let path = "flowControl";
-    let o = as_object(v, path)?;
-    only_fields(
-        o,
-        path,
-        &[
-            "maxBytes",
-            "maxRequests",
-            "defaultRequestTTL",
-            "defaultPriorityBand",
-            "priorityBands",
-            "usageLimitPolicyPluginRef",
-        ],
-    )?;
-    let mut spec = FlowControlSpec {
-        max_bytes: quantity(o.get("maxBytes"), "flowControl.maxBytes")?,
-        max_requests: quantity(o.get("maxRequests"), "flowControl.maxRequests")?,
-        ..FlowControlSpec::default()
-    };
-    if let Some(t) = o.get("defaultRequestTTL") {
-        let p = "flowControl.defaultRequestTTL";
-        spec.default_request_ttl_ms = parse_duration_ms(as_str(t, p)?).map_err(|e| err(p, e))?;
-    }
-    if let Some(b) = o.get("defaultPriorityBand") {
-        spec.default_priority_band = Some(band(b, "flowControl.defaultPriorityBand", false)?);
-    }
-    if let Some(list) = o.get("priorityBands") {
-        for (i, b) in as_array(list, "flowControl.priorityBands")?
-            .iter()
-            .enumerate()
-        {
-            let p = format!("flowControl.priorityBands[{i}]");
-            let b = band(b, &p, true)?;
-            if spec.priority_bands.iter().any(|x| x.priority == b.priority) {
-                return Err(err(
-                    &format!("{p}.priority"),
-                    format!("duplicate priority {}", b.priority.unwrap_or(0)),
-                ));
-            }
-            spec.priority_bands.push(b);
-        }
-    }
-    if let Some(r) = o.get("usageLimitPolicyPluginRef") {
-        spec.usage_limit_policy_ref =
-            Some(as_str(r, "flowControl.usageLimitPolicyPluginRef")?.to_string());
-    }
-    Ok(spec)
 }
 
 /// Parses `dataLayer` (`sources: [{pluginRef, extractors: [{pluginRef}]}]`).

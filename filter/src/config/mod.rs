@@ -19,7 +19,7 @@ pub mod pool;
 pub mod quantity;
 pub mod validate;
 
-pub use epp::{FlowControlSpec, PluginSpec, ProfilePlugin, ProfileSpec, SourceSpec};
+pub use epp::{PluginSpec, ProfilePlugin, ProfileSpec, SourceSpec};
 pub use pool::{Endpoint, Pool, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_POOL_NAME};
 pub use validate::ConfigError;
 
@@ -72,8 +72,6 @@ pub struct Config {
     pub feature_gates: Vec<String>,
     /// Name of the saturation-detector plugin.
     pub saturation_detector: String,
-    /// Flow control, when the `flowControl` gate is on.
-    pub flow_control: Option<FlowControlSpec>,
     /// Metric sources (empty: collection disabled).
     pub data_sources: Vec<SourceSpec>,
     /// Name of the request parser plugin.
@@ -91,7 +89,6 @@ impl Default for Config {
             profiles: Vec::new(),
             feature_gates: Vec::new(),
             saturation_detector: String::new(),
-            flow_control: None,
             data_sources: Vec::new(),
             parser: String::new(),
             flow: FlowSettings::default(),
@@ -196,17 +193,6 @@ impl Config {
         let saturation_detector =
             ensure_saturation_detector(top.get("saturationDetector"), &mut plugins)?;
         let data_sources = ensure_data_layer(top.get("dataLayer"), &mut plugins)?;
-        let flow_control = match top.get("flowControl") {
-            Some(f) => {
-                let spec = epp::parse_flow_control(f)?;
-                check_flow_refs(&spec, &plugins)?;
-                feature_gates
-                    .iter()
-                    .any(|g| g == "flowControl")
-                    .then_some(spec)
-            }
-            None => None,
-        };
         let parser = match top.get("parser") {
             Some(p) => {
                 let name = epp::parse_plugin_ref(p, "parser")?;
@@ -233,7 +219,6 @@ impl Config {
             profiles,
             feature_gates,
             saturation_detector,
-            flow_control,
             data_sources,
             parser,
             flow,
@@ -273,14 +258,16 @@ fn flow_settings(
             flow.detector = d;
         }
     }
-    if flow.enabled {
-        if let Some(section) = section {
-            flow.control = FlowControlConfig::parse(section, "flowControl", |name| {
-                plugins.iter().find(|p| p.name == name).map(|p| PluginRef {
-                    type_name: p.type_name.as_str(),
-                    parameters: &p.parameters,
-                })
-            })?;
+    if let Some(section) = section {
+        // Decoded strictly whatever the gate (as the reference), used only with it on.
+        let control = FlowControlConfig::parse(section, "flowControl", |name| {
+            plugins.iter().find(|p| p.name == name).map(|p| PluginRef {
+                type_name: p.type_name.as_str(),
+                parameters: &p.parameters,
+            })
+        })?;
+        if flow.enabled {
+            flow.control = control;
         }
     }
     Ok(flow)
@@ -530,55 +517,6 @@ fn ensure_data_layer(
         }
     }
     Ok(sources)
-}
-
-/// Flow-control policies that always exist under their type names.
-const BUILTIN_POLICIES: &[&str] = &[
-    "fcfs-ordering-policy",
-    "global-strict-fairness-policy",
-    "static-usage-limit-policy",
-];
-
-fn check_flow_refs(spec: &FlowControlSpec, plugins: &[PluginSpec]) -> Result<(), ConfigError> {
-    let mut bands: Vec<(String, &epp::PriorityBand)> = spec
-        .priority_bands
-        .iter()
-        .enumerate()
-        .map(|(i, b)| (format!("flowControl.priorityBands[{i}]"), b))
-        .collect();
-    if let Some(b) = &spec.default_priority_band {
-        bands.push(("flowControl.defaultPriorityBand".to_string(), b));
-    }
-    for (path, b) in bands {
-        if let Some(r) = &b.fairness_policy_ref {
-            require_role(
-                plugins,
-                r,
-                Role::FlowPolicy,
-                &format!("{path}.fairnessPolicyRef"),
-                BUILTIN_POLICIES,
-            )?;
-        }
-        if let Some(r) = &b.ordering_policy_ref {
-            require_role(
-                plugins,
-                r,
-                Role::FlowPolicy,
-                &format!("{path}.orderingPolicyRef"),
-                BUILTIN_POLICIES,
-            )?;
-        }
-    }
-    if let Some(r) = &spec.usage_limit_policy_ref {
-        require_role(
-            plugins,
-            r,
-            Role::FlowPolicy,
-            "flowControl.usageLimitPolicyPluginRef",
-            BUILTIN_POLICIES,
-        )?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -110,12 +110,13 @@ fn a_full_reference_style_configuration_loads() {
         (p.block_size_tokens, p.lru_capacity_per_server, p.auto_tune),
         (32, 1000, false)
     );
-    let fc = c.flow_control.clone().unwrap();
+    let fc = &c.flow.control;
+    assert!(c.flow.enabled);
     assert_eq!(
-        (fc.max_bytes, fc.max_requests, fc.default_request_ttl_ms),
+        (fc.max_bytes, fc.max_requests, fc.default_ttl_ms),
         (1 << 30, 1000, 30_000)
     );
-    assert_eq!(fc.priority_bands[0].max_bytes, 100_000_000);
+    assert!(fc.bands.iter().any(|b| b.max_bytes == 100_000_000));
     let dl = registry::data_layer(&c).unwrap();
     assert_eq!((dl.interval_ms, dl.timeout_ms), (100, 2000));
     assert_eq!(dl.mapping.default_engine, "sglang");
@@ -154,7 +155,8 @@ fn defaulting_follows_the_reference() {
     assert_eq!(c.profiles[0].plugins[1].plugin_ref, "random-picker");
     // Flow control is read only with its gate.
     let c = parse(r#"{"flowControl":{"maxRequests":"10"}}"#).unwrap();
-    assert!(c.flow_control.is_none());
+    assert!(!c.flow.enabled);
+    assert_eq!(c.flow.control.max_requests, 0, "ignored without the gate");
     // `dataLayer.sources: []` disables collection.
     let c = parse(r#"{"dataLayer":{"sources":[]}}"#).unwrap();
     assert!(!registry::data_layer(&c).unwrap().enabled);

@@ -4,7 +4,8 @@
 
 use super::fairness::FairnessPolicy;
 use super::ordering::OrderingPolicy;
-use super::{duration, quantity};
+use crate::config::epp::quantity as read_quantity;
+use crate::config::quantity::parse_duration_ms;
 use crate::config::ConfigError;
 use serde_json::{Map, Value};
 
@@ -130,7 +131,7 @@ impl FlowControlConfig {
                     "must be a duration string such as \"30s\"".into(),
                 )
             })?;
-            c.default_ttl_ms = duration::parse_ms(s).map_err(|r| err("defaultRequestTTL", r))?;
+            c.default_ttl_ms = parse_duration_ms(s).map_err(|r| err("defaultRequestTTL", r))?;
         }
         if let Some(v) = obj.get("defaultPriorityBand") {
             c.default_band = parse_band(v, &format!("{path}.defaultPriorityBand"), false, &plugin)?;
@@ -197,12 +198,7 @@ fn only(obj: &Map<String, Value>, path: &str, known: &[&str]) -> Result<(), Conf
 
 fn q(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<u64>, ConfigError> {
     obj.get(key)
-        .map(|v| {
-            quantity::parse(v).map_err(|reason| ConfigError {
-                path: format!("{path}.{key}"),
-                reason,
-            })
-        })
+        .map(|v| read_quantity(Some(v), &format!("{path}.{key}")))
         .transpose()
 }
 
@@ -255,6 +251,11 @@ fn parse_band<'a>(
             Some(_) => Err(err(field, "must be a plugin name".into())),
         }
     };
+    let declared = |field: &str| {
+        obj.get(field)
+            .and_then(Value::as_str)
+            .is_some_and(|n| plugin(n).is_some())
+    };
     let fairness = match resolve("fairnessPolicyRef")? {
         None => FairnessPolicy::GlobalStrict,
         Some(t) => match FairnessPolicy::from_type(&t) {
@@ -278,7 +279,12 @@ fn parse_band<'a>(
                 return Err(err(
                     "fairnessPolicyRef",
                     format!(
-                        "\"{t}\" is not a fairness policy; known types: {}",
+                        "{} \"{t}\"; known types: {}",
+                        if declared("fairnessPolicyRef") {
+                            "not a fairness policy:"
+                        } else {
+                            "unknown pluginRef"
+                        },
                         FairnessPolicy::TYPES.join(", ")
                     ),
                 ))
@@ -307,7 +313,12 @@ fn parse_band<'a>(
                 return Err(err(
                     "orderingPolicyRef",
                     format!(
-                        "\"{t}\" is not an ordering policy; known types: {}",
+                        "{} \"{t}\"; known types: {}",
+                        if declared("orderingPolicyRef") {
+                            "not an ordering policy:"
+                        } else {
+                            "unknown pluginRef"
+                        },
                         OrderingPolicy::TYPES.join(", ")
                     ),
                 ))

@@ -6,7 +6,6 @@
 //! | module | holds |
 //! |---|---|
 //! | `config` | the `flowControl` section: limits, TTL, bands, policy references |
-//! | `quantity`, `duration` | Kubernetes quantities and Go durations |
 //! | `fairness/` | `global-strict-fairness-policy`, `round-robin-fairness-policy` |
 //! | `ordering/` | `fcfs-ordering-policy`, `edf-ordering-policy`, `slo-deadline-ordering-policy` |
 //! | `saturation/` | `utilization-detector`, `concurrency-detector` |
@@ -15,11 +14,9 @@
 //! | `outcome` | outcomes, their HTTP statuses, bodies and metric labels |
 
 pub mod config;
-pub mod duration;
 pub mod fairness;
 pub mod ordering;
 pub mod outcome;
 pub mod parked;
-pub mod quantity;
 pub mod saturation;
 pub mod state;

@@ -4,8 +4,8 @@
 //! `headroom` only loosens the filter role, as in the reference.
 
 use super::{number, only_params, EndpointLoad};
+use crate::config::quantity::parse_duration_ms;
 use crate::config::ConfigError;
-use crate::flow_control::duration;
 use serde_json::Value;
 
 /// Plugin type name.
@@ -77,7 +77,7 @@ impl Params {
                     "must be a duration string such as \"200ms\"",
                 )
             })?;
-            let ms = duration::parse_ms(s).map_err(|r| err("metricsStalenessThreshold", &r))?;
+            let ms = parse_duration_ms(s).map_err(|r| err("metricsStalenessThreshold", &r))?;
             if ms == 0 {
                 return Err(err("metricsStalenessThreshold", "must be positive"));
             }
