@@ -43,8 +43,25 @@ pub struct Metric {
 pub const SCHEDULER_ATTEMPTS: Metric = Metric {
     name: "inference_extension_scheduler_attempts_total",
     kind: Kind::Counter,
-    labels: &["status", "target_model_name"],
+    labels: &[
+        "status",
+        "target_model_name",
+        "pod_name",
+        "namespace",
+        "port",
+    ],
 };
+
+/// The reference's pod labels of an endpoint `ip:port` for
+/// [`SCHEDULER_ATTEMPTS`]: (`pod_name`, `namespace`, `port`). Outside Kubernetes the pod
+/// is named by its address and the namespace is empty, as the reference leaves them on
+/// failure.
+pub fn pod_labels(endpoint: &str) -> (&str, &str, &str) {
+    match endpoint.rsplit_once(':') {
+        Some((host, port)) => (host.trim_start_matches('[').trim_end_matches(']'), "", port),
+        None => (endpoint, "", ""),
+    }
+}
 
 /// Requests sent upstream and not yet finished, by model.
 pub const OBJECTIVE_RUNNING_REQUESTS: Metric = Metric {
@@ -268,9 +285,12 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn labels_are_encoded_in_order() {
         assert_eq!(
-            SCHEDULER_ATTEMPTS.stat_name(&["success", "llama"]),
-            "inference_extension_scheduler_attempts_total;status=.=success;.;;target_model_name=.=llama;.;"
+            SCHEDULER_ATTEMPTS.stat_name(&["success", "llama", "10.0.0.1", "", "8000"]),
+            "inference_extension_scheduler_attempts_total;status=.=success;.;;target_model_name=.=llama;.;\
+             ;pod_name=.=10.0.0.1;.;;namespace=.=;.;;port=.=8000;.;"
         );
+        assert_eq!(pod_labels("10.0.0.1:8000"), ("10.0.0.1", "", "8000"));
+        assert_eq!(pod_labels("[::1]:8000"), ("::1", "", "8000"));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -51,10 +51,7 @@ fn concurrent_requests_are_spread_evenly_over_endpoints_across_workers() {
         "connections spread over workers: {workers:?}"
     );
     assert_eq!(running_requests(&sim), 0.0);
-    assert_eq!(
-        metric(&sim, &format!("inference_extension_scheduler_attempts_total{{status=\"success\",target_model_name=\"{MODEL}\"}}")),
-        24.0
-    );
+    assert_eq!(scheduler_attempts(&sim, "success"), 24.0);
 }
 
 #[test]
@@ -235,10 +232,7 @@ fn a_vm_trap_is_handled_as_fail_reload() {
         crash.message
     );
     // Stats are process-wide: the fresh VM's counts add to the dead one's.
-    assert_eq!(
-        metric(&sim, &format!("inference_extension_scheduler_attempts_total{{status=\"success\",target_model_name=\"{MODEL}\"}}")),
-        3.0
-    );
+    assert_eq!(scheduler_attempts(&sim, "success"), 3.0);
 }
 
 #[test]
@@ -267,10 +261,7 @@ fn an_injected_shared_data_failure_takes_the_filters_error_path_without_a_crash(
     assert_eq!(sim.outcome(2).status, Some(200));
     assert!(sim.crashes().is_empty());
     assert_eq!(running_requests(&sim), 0.0);
-    assert_eq!(
-        metric(&sim, &format!("inference_extension_scheduler_attempts_total{{status=\"failure\",target_model_name=\"{MODEL}\"}}")),
-        2.0
-    );
+    assert_eq!(scheduler_attempts(&sim, "failure"), 2.0);
 }
 
 #[test]

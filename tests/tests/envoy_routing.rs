@@ -197,7 +197,11 @@ fn scheduling_metrics_appear_in_envoys_prometheus_output_with_labels() {
     let prom = envoy.prometheus();
     let has = |line: &str| prom.lines().any(|l| l == line);
     assert!(
-        has(&format!("inference_extension_scheduler_attempts_total{{status=\"success\",target_model_name=\"{MODEL}\"}} 3")),
+        has(&format!(
+            "inference_extension_scheduler_attempts_total{{status=\"success\",target_model_name=\"{MODEL}\",\
+             pod_name=\"127.0.0.1\",namespace=\"\",port=\"{}\"}} 3",
+            sims[0].address.rsplit(':').next().unwrap()
+        )),
         "{prom}"
     );
     assert!(

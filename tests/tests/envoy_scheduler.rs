@@ -164,14 +164,19 @@ fn pool_and_scheduler_metrics_appear_in_prometheus_with_their_labels() {
         Some(4.0),
         "{prom}"
     );
+    // One series per endpoint (pod_name, namespace, port), as the reference.
+    let attempts: Vec<&str> = prom
+        .lines()
+        .filter(|l| {
+            l.starts_with(&format!(
+                "inference_extension_scheduler_attempts_total{{status=\"success\",target_model_name=\"{MODEL}\",pod_name=\"127.0.0.1\",namespace=\"\",port=\""
+            ))
+        })
+        .collect();
     assert_eq!(
-        metric_line(
-            &prom,
-            "inference_extension_scheduler_attempts_total",
-            &[("status", "success"), ("target_model_name", MODEL)]
-        )
-        .map(value),
-        Some(4.0)
+        attempts.iter().map(|l| value(l)).sum::<f64>(),
+        4.0,
+        "{prom}"
     );
     assert_eq!(
         metric_line(

@@ -69,7 +69,11 @@ enum Picked {
 }
 
 fn failed(model: &str, why: &str) -> Result<String, ApiError> {
-    stats::add(&metrics::SCHEDULER_ATTEMPTS, &["failure", model], 1);
+    stats::add(
+        &metrics::SCHEDULER_ATTEMPTS,
+        &["failure", model, "", "", ""],
+        1,
+    );
     Err(ApiError::unavailable(why))
 }
 
@@ -230,7 +234,7 @@ pub fn route(
         stats::observe(&metrics::PREFIX_INDEXER_HIT_BYTES, &[], bytes);
     }
     stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], e2e_us);
-    admitted(model);
+    admitted(model, &primary);
     Ok(primary)
 }
 
@@ -264,12 +268,17 @@ fn fail_open(
         return None;
     }
     log::debug!("fail-open: no endpoint was chosen, sending to {pick}");
-    admitted(model);
+    admitted(model, &pick);
     Some(pick)
 }
 
-fn admitted(model: &str) {
-    stats::add(&metrics::SCHEDULER_ATTEMPTS, &["success", model], 1);
+fn admitted(model: &str, endpoint: &str) {
+    let (pod, namespace, port) = metrics::pod_labels(endpoint);
+    stats::add(
+        &metrics::SCHEDULER_ATTEMPTS,
+        &["success", model, pod, namespace, port],
+        1,
+    );
     stats::add(&metrics::OBJECTIVE_REQUEST_TOTAL, &[model, model], 1);
     stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], 1);
 }

@@ -68,6 +68,19 @@ pub fn metric(sim: &Sim, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no series `{series}` in:\n{text}"))
 }
 
+/// Scheduling attempts with `status` for the test model, summed over endpoints (the
+/// metric has one series per endpoint: `pod_name`, `namespace`, `port`).
+pub fn scheduler_attempts(sim: &Sim, status: &str) -> f64 {
+    let prefix = format!(
+        "inference_extension_scheduler_attempts_total{{status=\"{status}\",target_model_name=\"{MODEL}\","
+    );
+    sim.prometheus()
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 pub fn running_requests(sim: &Sim) -> f64 {
     metric(
         sim,
