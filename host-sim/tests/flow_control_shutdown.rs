@@ -159,6 +159,19 @@ fn assert_clean_shutdown(r: &Run, what: &str) -> (Vec<usize>, f64, Vec<(usize, f
         }
     }
     assert!(sim.crashes().is_empty(), "{what}: {:?}", sim.crashes());
+    // Each 500 is recorded as an EvictedOther queue outcome.
+    let evicted: f64 = sim
+        .prometheus()
+        .lines()
+        .filter(|l| l.starts_with("inference_extension_flow_control_request_queue_duration"))
+        .filter(|l| l.contains("_count{") && l.contains("outcome=\"EvictedOther\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        evicted,
+        r.parked.len() as f64,
+        "{what}: EvictedOther outcomes"
+    );
     // sim.run() already failed on a stream left paused or held (the invariant checker),
     // a request without an outcome or a root that never called proxy_done.
     assert!(sim.open_streams().is_empty(), "{what}");
