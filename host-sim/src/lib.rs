@@ -19,7 +19,7 @@ pub mod sim;
 pub mod world;
 
 pub use host::faults::{Fault, FaultAction};
-pub use sim::{Control, Crash, FailurePolicy, Sim, SimConfig};
+pub use sim::{Control, Crash, FailurePolicy, RootShutdown, Sim, SimConfig};
 pub use vllm_sim;
 pub use world::clock::{ms, us, Nanos, MS, SEC, US};
 pub use world::outcomes::{Final, Outcome};

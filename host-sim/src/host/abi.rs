@@ -799,7 +799,17 @@ async fn dispatch(imp: Imp, name: &'static str, c: C<'_, '_>, p: &[Val]) -> Resu
                 Ok(BAD_ARGUMENT)
             }
         }
-        Imp::Done => Ok(OK),
+        // cpp-host's `WasmBase::done`: only a root that answered `on_done` with false
+        // (pending done) may call it; otherwise NotFound.
+        Imp::Done => {
+            let h = c.data_mut();
+            if h.draining && !h.done_signalled {
+                h.done_signalled = true;
+                Ok(OK)
+            } else {
+                Ok(NOT_FOUND)
+            }
+        }
         Imp::CallForeignFunction => {
             let fname = read_str(c, arg(p, 0), arg(p, 1))?;
             match fname.as_str() {

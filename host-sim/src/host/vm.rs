@@ -155,6 +155,10 @@ pub struct HostState {
     pub hostcalls: u64,
     /// Preemption state.
     pub preempt: Preempt,
+    /// The root answered `on_done` with false: `proxy_done` is expected.
+    pub draining: bool,
+    /// `proxy_done` was called while draining (the host deletes the root after the call).
+    pub done_signalled: bool,
 }
 
 impl HostState {
@@ -377,6 +381,8 @@ impl Vm {
                 rng: Rng::new(init.seed, 78),
                 yields: 0,
             },
+            draining: false,
+            done_signalled: false,
         };
         let mut store = Store::new(engine, state);
         let instance: Instance = block_on(linker.instantiate_async(&mut store, module))?;

@@ -179,6 +179,15 @@ pub enum Control {
     SetCondition(String, Condition),
     /// Register an injected host-call failure.
     AddFault(Fault),
+    /// Envoy removes the plugin (listener / filter config removal): `proxy_on_done` on
+    /// every live VM's root context (seeded order). A root answering true is deleted
+    /// (`proxy_on_delete`) at once; one answering false keeps its ticks, queue
+    /// deliveries and callouts until it calls `proxy_done`, and is deleted after that
+    /// callback. Streams already in the filter keep their HTTP contexts; requests
+    /// arriving afterwards bypass the filter (the router then answers them itself, e.g.
+    /// 503 "no healthy upstream" without a destination header). See
+    /// [`Sim::root_shutdowns`](crate::Sim::root_shutdowns).
+    RemovePlugin,
 }
 
 /// A VM crash.

@@ -290,6 +290,21 @@ struct Stream {
     delivered: usize,
 }
 
+/// One VM root context's shutdown after [`Control::RemovePlugin`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootShutdown {
+    /// Thread slot (0 base, 1 main thread, 2.. workers).
+    pub slot: usize,
+    /// When `proxy_on_done` was called.
+    pub on_done_at: Nanos,
+    /// `proxy_on_done` answered false ("not done yet").
+    pub not_done: bool,
+    /// When `proxy_done` was called (only after a false `on_done`).
+    pub proxy_done_at: Option<Nanos>,
+    /// When the root was deleted (`proxy_on_delete`); `None` while draining.
+    pub deleted_at: Option<Nanos>,
+}
+
 /// One simulated Envoy process with its world.
 pub struct Sim {
     cfg: SimConfig,
@@ -334,6 +349,8 @@ pub struct Sim {
     vm_calls: u64,
     emit_buf: Vec<Emit>,
     current_event: String,
+    removed_at: Option<Nanos>,
+    shutdowns: Vec<Option<RootShutdown>>,
 }
 
 impl Sim {
@@ -387,6 +404,8 @@ impl Sim {
             vm_calls: 0,
             emit_buf: Vec::new(),
             current_event: String::new(),
+            removed_at: None,
+            shutdowns: Vec::new(),
             cfg,
         };
         // The base VM is created when the configuration loads; the thread-local VMs of the
@@ -605,6 +624,16 @@ impl Sim {
         &self.cfg
     }
 
+    /// When [`Control::RemovePlugin`] ran.
+    pub fn plugin_removed_at(&self) -> Option<Nanos> {
+        self.removed_at
+    }
+
+    /// The roots that got `proxy_on_done` (after [`Control::RemovePlugin`]), by VM.
+    pub fn root_shutdowns(&self) -> Vec<RootShutdown> {
+        self.shutdowns.iter().flatten().cloned().collect()
+    }
+
     // ----- event loop ---------------------------------------------------------------
 
     fn push(&mut self, at: Nanos, ev: Ev) {
@@ -627,7 +656,11 @@ impl Sim {
                     self.events_processed
                 );
             }
-            if until.is_none() && self.work_pending == 0 && self.all_final() {
+            if until.is_none()
+                && self.work_pending == 0
+                && self.all_final()
+                && self.draining_vms().is_empty()
+            {
                 return Ok(());
             }
             let Some(t) = self.events.peek_time() else {
@@ -718,6 +751,14 @@ impl Sim {
                 &open[..open.len().min(20)]
             ));
         }
+        let draining = self.draining_vms();
+        if !draining.is_empty() {
+            let slots: Vec<usize> = draining.iter().map(|&v| self.vm_slot[v]).collect();
+            problems.push(format!(
+                "{} root context(s) answered on_done with false and never called proxy_done (slots {slots:?})",
+                draining.len()
+            ));
+        }
         let pending: Vec<usize> = self
             .outcomes
             .iter()
@@ -743,7 +784,11 @@ impl Sim {
             Ev::VmStart { slot } => self.start_vm(slot)?,
             Ev::Tick { vm, gen } => {
                 let (period, cur) = self.tick_state[vm];
-                if cur == gen && period > 0 && self.vms[vm].failed.is_none() {
+                if cur == gen
+                    && period > 0
+                    && self.vms[vm].failed.is_none()
+                    && !self.root_deleted(vm)
+                {
                     let root = self.vms[vm].store.data().root_id;
                     self.call(vm, Callback::Tick(root));
                     // Re-arm unless the callback changed the period (then it re-armed).
@@ -761,7 +806,7 @@ impl Sim {
                         let h = self.vms[vm].store.data();
                         h.root_id == root
                     };
-                    if known {
+                    if known && !self.root_deleted(vm) {
                         self.call(vm, Callback::QueueReady(root, token));
                     }
                 }

@@ -62,6 +62,11 @@ impl Sim {
                 }
             }
         }
+        // The plugin was removed (`Control::RemovePlugin`): the listener's new filter
+        // chain no longer has the Wasm filter, so the request goes to the router as is.
+        if self.removed_at.is_some() {
+            filter = false;
+        }
         let spec = &self.specs[rid];
         let mut headers = vec![
             (":authority".to_string(), "gateway.local".to_string()),

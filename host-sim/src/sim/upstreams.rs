@@ -175,6 +175,7 @@ impl Sim {
                 }
             }
             Control::AddFault(f) => self.add_fault(f),
+            Control::RemovePlugin => self.remove_plugin(),
         }
     }
 }

@@ -81,6 +81,7 @@ impl Sim {
         self.vms.0.push(Some(vm));
         self.vm_slot.push(slot);
         self.tick_state.push((0, 0));
+        self.shutdowns.push(None);
         self.slot_vm[slot] = Some(idx);
         let root = {
             let h = self.vms[idx].store.data_mut();
@@ -164,6 +165,12 @@ impl Sim {
                         }
                     }
                     self.apply_effect(vm, e);
+                }
+                if std::mem::take(&mut self.vms[vm].store.data_mut().done_signalled) {
+                    if let Some(s) = self.shutdowns[vm].as_mut() {
+                        s.proxy_done_at = Some(self.now);
+                    }
+                    self.delete_root(vm);
                 }
                 Some(ret)
             }
@@ -344,7 +351,7 @@ impl Sim {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 Some(n.saturating_sub(1))
             });
-        if self.vms[vm].failed.is_some() {
+        if self.vms[vm].failed.is_some() || self.root_deleted(vm) {
             return;
         }
         let root = self.vms[vm].store.data().root_id;
@@ -382,5 +389,82 @@ impl Sim {
             } => self.local_reply(sid, status, body, headers, true),
             Effect::Close { .. } => self.reset_stream(sid, Final::Reset),
         }
+    }
+
+    /// [`Control::RemovePlugin`]: `proxy_on_done` on every live VM's root, in a seeded
+    /// order (cpp-host's `startShutdown`). True → deleted at once; false → pending until
+    /// the root calls `proxy_done`.
+    pub(super) fn remove_plugin(&mut self) {
+        if self.removed_at.is_some() {
+            return;
+        }
+        self.removed_at = Some(self.now);
+        let mut order: Vec<usize> = self
+            .slot_vm
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|&v| self.vms[v].failed.is_none())
+            .collect();
+        for i in (1..order.len()).rev() {
+            let j = self.rng.below(i as u64 + 1) as usize;
+            order.swap(i, j);
+        }
+        for vm in order {
+            self.shutdowns[vm] = Some(RootShutdown {
+                slot: self.vm_slot[vm],
+                on_done_at: self.now,
+                not_done: false,
+                proxy_done_at: None,
+                deleted_at: None,
+            });
+            let root = self.vms[vm].store.data().root_id;
+            match self.call(vm, Callback::Done(root)) {
+                Some(0) => {
+                    if let Some(s) = self.shutdowns[vm].as_mut() {
+                        s.not_done = true;
+                    }
+                    self.vms[vm].store.data_mut().draining = true;
+                }
+                Some(_) => self.delete_root(vm),
+                None => {} // trapped: a dead VM is not called again
+            }
+        }
+    }
+
+    /// `proxy_on_delete` on the root; its ticks, queue deliveries and callout responses
+    /// stop (HTTP contexts of streams already in the filter live on).
+    pub(super) fn delete_root(&mut self, vm: usize) {
+        let Some(s) = self.shutdowns[vm].as_mut() else {
+            return;
+        };
+        if s.deleted_at.is_some() {
+            return;
+        }
+        s.deleted_at = Some(self.now);
+        self.vms[vm].store.data_mut().draining = false;
+        self.tick_state[vm].1 += 1;
+        let root = self.vms[vm].store.data().root_id;
+        self.call(vm, Callback::Delete(root));
+    }
+
+    pub(super) fn root_deleted(&self, vm: usize) -> bool {
+        self.shutdowns
+            .get(vm)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.deleted_at.is_some())
+    }
+
+    /// VMs whose root answered `on_done` with false and has not called `proxy_done`
+    /// (a crashed VM is not waited for).
+    pub(super) fn draining_vms(&self) -> Vec<usize> {
+        (0..self.shutdowns.len())
+            .filter(|&v| {
+                self.shutdowns[v]
+                    .as_ref()
+                    .is_some_and(|s| s.not_done && s.deleted_at.is_none())
+                    && self.vms.0[v].as_ref().is_none_or(|x| x.failed.is_none())
+            })
+            .collect()
     }
 }
