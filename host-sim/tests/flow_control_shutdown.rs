@@ -223,8 +223,6 @@ fn a_removal_with_few_parked_requests_is_done_in_on_done() {
 /// draining (their next tick, which answers the rest, is about 19 ms away): the capacity
 /// they free must not send a parked request upstream.
 #[test]
-#[ignore = "filter bug: a VM whose root answered on_done with false still dispatches its \
-            parked requests upstream when capacity frees before its next tick"]
 fn capacity_freed_while_draining_does_not_send_parked_requests_upstream() {
     for (seed, preempt) in all_seeds() {
         let what = format!("seed {seed} preempt {preempt}");

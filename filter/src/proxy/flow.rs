@@ -451,13 +451,26 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
     let me = vm::id();
     let now_us = host::now_us().unwrap_or(0);
     let w = r.data;
-    finalize(&config, &w, Outcome::Dispatched, true, now_us);
     let give_back = |tokens: u64| {
         let now_ms = now_us / 1000;
         let _ = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
             s.finish(me, tokens, now_ms)
         });
     };
+    if vm::with(|vm| vm.draining).unwrap_or(false) {
+        // The plugin is going away: a request released now is answered like the rest
+        // of the parked ones (500), not sent upstream; its slot goes back to the pool.
+        finalize(&config, &w, Outcome::EvictedOther, true, now_us);
+        give_back(w.tokens);
+        if host::set_effective_context(r.ctx).is_ok() {
+            if let Some(e) = Outcome::EvictedOther.error(config.flow.control.default_ttl_ms) {
+                route::reply(&e, &w.model, &[]);
+            }
+        }
+        let _ = host::set_effective_context(current);
+        return;
+    }
+    finalize(&config, &w, Outcome::Dispatched, true, now_us);
     if host::set_effective_context(r.ctx).is_err() {
         // The stream is gone (its on_done has not run yet): free the slot.
         give_back(w.tokens);

@@ -154,11 +154,16 @@ impl RootContext for Root {
             scrape::tick(rt, id, now);
         }
         flow::on_tick(self.id);
-        // Finishing a shutdown that had more parked requests than one batch.
+        // Finishing a shutdown that had more parked requests than one batch (a failed
+        // `proxy_done` is retried on the next tick).
         if vm::with(|vm| vm.draining).unwrap_or(false) && flow::shutdown(self.id) {
-            vm::with(|vm| vm.draining = false);
-            if let Err(status) = host::done() {
-                log::warn!("cannot finish the shutdown: status {status}");
+            match host::done() {
+                Ok(()) => {
+                    vm::with(|vm| vm.draining = false);
+                }
+                Err(status) => {
+                    log::warn!("cannot finish the shutdown (will retry): status {status}")
+                }
             }
         }
     }
