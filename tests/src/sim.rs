@@ -16,8 +16,13 @@ pub struct Sim {
 impl Sim {
     /// Starts `vllm-sim --port 0 <args>` and waits for its "listening on" line.
     pub fn start(args: &[&str]) -> Sim {
+        Self::start_on(0, args)
+    }
+
+    /// Starts `vllm-sim --port <port> <args>` (0: an ephemeral port).
+    pub fn start_on(port: u16, args: &[&str]) -> Sim {
         let mut child = Command::new(paths::vllm_sim())
-            .args(["--host", "127.0.0.1", "--port", "0"])
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -227,3 +227,40 @@ fn without_the_gate_sheddable_requests_get_429_while_the_pool_is_saturated() {
         assert_eq!(send(&envoy, "premium", "c").status, 200);
     });
 }
+
+#[test]
+fn scale_from_zero_requests_wait_for_an_endpoint_to_become_ready() {
+    // The pool's only endpoint is not running yet: with the default utilization
+    // detector it has no fresh metrics, the pool reads saturated, and requests wait.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let cfg = json!({
+        "featureGates": ["flowControl"],
+        "flowControl": {"defaultRequestTTL": "20s"},
+    });
+    let envoy = Envoy::start(&cfg, &[&address], 2);
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| send(&envoy, "standard", "a"));
+        wait_queued(&envoy, 1);
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            !waiting.is_finished(),
+            "the request waits while no endpoint is ready"
+        );
+        // The endpoint comes up; its first scrape makes the pool ready.
+        let started = Instant::now();
+        let _sim = Sim::start_on(port, &["--model", MODEL]);
+        let r = waiting.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-sim-server"), Some(address.as_str()));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "served {:?} after the endpoint came up",
+            started.elapsed()
+        );
+    });
+}
