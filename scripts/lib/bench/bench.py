@@ -534,9 +534,24 @@ def sched(a, procs, command):
             has = "[[bench]]" in open(os.path.join(ROOT, "filter/Cargo.toml")).read()
         except OSError:
             has = False
-    notes = ["The same pick measured inside the wasm VM (host-sim): not run, host-sim is not available yet. "
-             "The per-request cost of the whole filter inside Envoy's V8 VM is the `envoy+filter` − `envoy` "
-             "row of the overhead benchmark."]
+    notes = []
+    # The same pick inside Envoy's V8 VM: the filter's own scheduling histogram, read from a
+    # real Envoy at 8/64/512 endpoints (filter/benches/in_envoy.py).
+    in_vm = os.path.join(ROOT, "filter/benches/in_envoy.py")
+    if os.path.exists(in_vm):
+        vm_cmd = [sys.executable, in_vm, "--sizes", "8,64,512"]
+        log(" ".join(vm_cmd))
+        try:
+            vr = subprocess.run(vm_cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            vm_out = (vr.stdout or "").strip()
+            if vr.returncode == 0 and vm_out:
+                notes.append("The pick inside Envoy's V8 VM (`python3 filter/benches/in_envoy.py "
+                             "--sizes 8,64,512`):\n\n```\n" + vm_out + "\n```")
+            else:
+                notes.append("In-VM pick: `in_envoy.py` failed:\n\n```\n"
+                             + ((vr.stdout or "") + (vr.stderr or ""))[-1500:] + "\n```")
+        except subprocess.TimeoutExpired:
+            notes.append("In-VM pick: `in_envoy.py` did not finish within 300 s.")
     if not has:
         body = "No criterion benchmarks in `filter/` at this revision (`filter/benches/` is absent); nothing run."
         publish("Scheduling cost (criterion)", command, load_before, body, notes, not a.no_append)
