@@ -12,7 +12,6 @@
 //! VMs refresh their row from their tick ([`heartbeat`]); rows with nothing in flight
 //! are removed, which keeps the record small.
 
-use crate::picker::least_loaded;
 use crate::shared_store::{update, SharedStore, StoreError};
 use prost::Message;
 
@@ -142,30 +141,6 @@ impl Ledger {
     }
 }
 
-/// Picks the endpoint with the fewest requests in flight across all workers and counts
-/// one more request on it for `vm`, atomically. `None` when `candidates` is empty.
-pub fn acquire(
-    store: &impl SharedStore,
-    vm: u64,
-    candidates: &[&str],
-    now_ms: i64,
-    seed: u64,
-) -> Result<Option<String>, StoreError> {
-    if candidates.is_empty() {
-        return Ok(None);
-    }
-    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
-        ledger.drop_stale(now_ms);
-        let pick = least_loaded(candidates, |e| ledger.in_flight(e), seed)
-            .and_then(|i| candidates.get(i))
-            .map(|e| e.to_string());
-        if let Some(e) = &pick {
-            ledger.add(vm, e, 1, now_ms);
-        }
-        pick
-    })
-}
-
 /// Runs `choose` on the current ledger (stale rows dropped) and counts one request of
 /// `tokens` on the endpoint it returns for `vm`, atomically: if another worker wrote the
 /// ledger meanwhile, `choose` runs again on the new state. Returns what `choose` returned.
@@ -241,6 +216,27 @@ mod tests {
     use super::*;
     use crate::shared_store::{read, MemoryStore};
     use wasm_bindgen_test::wasm_bindgen_test;
+
+    /// The least-loaded endpoint (ties by seed), counted in one CAS: what a picking
+    /// worker does through [`acquire_with`].
+    fn acquire(
+        s: &MemoryStore,
+        vm: u64,
+        candidates: &[&str],
+        now_ms: i64,
+        seed: u64,
+    ) -> Result<Option<String>, StoreError> {
+        acquire_with(s, vm, now_ms, |ledger| {
+            let min = candidates.iter().map(|e| ledger.in_flight(e)).min();
+            let tied: Vec<&&str> = candidates
+                .iter()
+                .filter(|e| Some(ledger.in_flight(e)) == min)
+                .collect();
+            let pick =
+                (!tied.is_empty()).then(|| tied[(seed % tied.len() as u64) as usize].to_string());
+            (pick.clone().map(|p| (p, 0)), pick)
+        })
+    }
 
     const EPS: [&str; 3] = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"];
 

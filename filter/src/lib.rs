@@ -17,7 +17,6 @@ pub mod flow_control;
 pub mod inflight;
 pub mod metrics;
 pub mod openai;
-pub mod picker;
 pub mod prefix;
 pub mod registry;
 pub mod rng;
