@@ -333,72 +333,22 @@ fn build_plugin(p: &PluginSpec, path: &str) -> Result<Built, ConfigError> {
                 role: PdRole::Decode,
             }));
         }
-        "utilization-detector" => {
-            params.finish(&[
-                "queueDepthThreshold",
-                "kvCacheUtilThreshold",
-                "metricsStalenessThreshold",
-                "headroom",
-                "stalenessPolicy",
-            ])?;
-            // The flow-control layer owns the detector's full parameter set; check it too.
-            crate::flow_control::saturation::Detector::from_plugin(
+        "utilization-detector" | "concurrency-detector" => {
+            // One parameter set and one formula for both roles: the flow-control
+            // layer's detector (`flow_control::saturation`), placed here as a filter.
+            match crate::flow_control::saturation::Detector::from_plugin(
                 &p.type_name,
                 &p.parameters,
                 path,
-            )?;
-            let kv = params.f64("kvCacheUtilThreshold", 0.8)?;
-            if kv <= 0.0 || kv > 1.0 {
-                return Err(err(
-                    &params.path("kvCacheUtilThreshold"),
-                    format!("must be in (0, 1], got {kv}"),
-                ));
-            }
-            let stale = params.string("metricsStalenessThreshold", "200ms")?;
-            let stale_ms = parse_duration_ms(&stale)
-                .map_err(|e| err(&params.path("metricsStalenessThreshold"), e))?;
-            if stale_ms == 0 {
-                return Err(err(
-                    &params.path("metricsStalenessThreshold"),
-                    "must be positive",
-                ));
-            }
-            b.filter = Some(Rc::new(Utilization {
-                queue_depth_threshold: positive(&params, "queueDepthThreshold", 5)? as f64,
-                kv_cache_util_threshold: kv,
-                staleness_ms: i64::try_from(stale_ms).unwrap_or(i64::MAX),
-                headroom: non_negative(&params, "headroom", 0.0)?,
-            }));
-        }
-        "concurrency-detector" => {
-            params.finish(&[
-                "concurrencyMode",
-                "maxConcurrency",
-                "maxTokenConcurrency",
-                "headroom",
-            ])?;
-            crate::flow_control::saturation::Detector::from_plugin(
-                &p.type_name,
-                &p.parameters,
-                path,
-            )?;
-            let mode = params.string("concurrencyMode", "requests")?;
-            let tokens = match mode.as_str() {
-                "requests" => false,
-                "tokens" => true,
-                other => {
-                    return Err(err(
-                        &params.path("concurrencyMode"),
-                        format!("unknown mode \"{other}\"; use requests or tokens"),
-                    ))
+            )? {
+                Some(crate::flow_control::saturation::Detector::Utilization(d)) => {
+                    b.filter = Some(Rc::new(Utilization(d)));
                 }
-            };
-            b.filter = Some(Rc::new(Concurrency {
-                tokens,
-                max_concurrency: positive(&params, "maxConcurrency", 100)?,
-                max_token_concurrency: positive(&params, "maxTokenConcurrency", 1_000_000)?,
-                headroom: non_negative(&params, "headroom", 0.0)?,
-            }));
+                Some(crate::flow_control::saturation::Detector::Concurrency(d)) => {
+                    b.filter = Some(Rc::new(Concurrency(d)));
+                }
+                None => {}
+            }
         }
         "kv-cache-utilization-scorer" => {
             params.finish(&[])?;

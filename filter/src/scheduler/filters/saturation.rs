@@ -8,102 +8,52 @@
 //! * `concurrency-detector`: keeps an endpoint whose in-flight load (requests, or tokens
 //!   in `tokens` mode) is below `int(capacity·(1+headroom))`; no fail-open.
 
+use crate::flow_control::saturation::{concurrency, utilization, EndpointLoad};
 use crate::rng::Rng;
 use crate::scheduler::{Cycle, Filter};
 
-/// `utilization-detector` parameters.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Utilization {
-    /// `queueDepthThreshold` (default 5).
-    pub queue_depth_threshold: f64,
-    /// `kvCacheUtilThreshold` (default 0.8).
-    pub kv_cache_util_threshold: f64,
-    /// `metricsStalenessThreshold` in ms (default 200).
-    pub staleness_ms: i64,
-    /// `headroom` (default 0).
-    pub headroom: f64,
-}
-
-impl Default for Utilization {
-    fn default() -> Self {
-        Self {
-            queue_depth_threshold: 5.0,
-            kv_cache_util_threshold: 0.8,
-            staleness_ms: 200,
-            headroom: 0.0,
-        }
-    }
-}
+/// `utilization-detector` as a filter (parameters and formula: [`utilization::Params::keep`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Utilization(pub utilization::Params);
 
 impl Filter for Utilization {
     fn filter(&self, cx: &Cycle<'_>, endpoints: Vec<usize>, _rng: &mut Rng) -> Vec<usize> {
-        let q = self.queue_depth_threshold * (1.0 + self.headroom);
-        let kv = self.kv_cache_util_threshold * (1.0 + self.headroom);
-        let now = cx.request.now_ms;
-        let kept: Vec<usize> = endpoints
+        let loads: Vec<EndpointLoad> = endpoints
             .iter()
-            .copied()
-            .filter(|&i| {
-                cx.candidate(i).is_some_and(|c| {
-                    let fresh = c
-                        .metrics
-                        .updated_ms
-                        .is_some_and(|t| now.saturating_sub(t) <= self.staleness_ms);
-                    fresh && (c.metrics.waiting as f64) < q && c.metrics.kv_usage < kv
-                })
+            .map(|&i| match cx.candidate(i) {
+                Some(c) => EndpointLoad {
+                    waiting: c.metrics.waiting as f64,
+                    kv_usage: c.metrics.kv_usage,
+                    updated_ms: c.metrics.updated_ms.and_then(|t| u64::try_from(t).ok()),
+                },
+                None => EndpointLoad {
+                    waiting: 0.0,
+                    kv_usage: 0.0,
+                    updated_ms: None,
+                },
             })
             .collect();
-        if kept.is_empty() {
-            endpoints
-        } else {
-            kept
-        }
+        let now = u64::try_from(cx.request.now_ms).unwrap_or(0);
+        let keep = self.0.keep(&loads, now);
+        endpoints
+            .into_iter()
+            .zip(keep)
+            .filter_map(|(i, k)| k.then_some(i))
+            .collect()
     }
 }
 
-/// `concurrency-detector` parameters.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Concurrency {
-    /// `concurrencyMode` is `tokens`.
-    pub tokens: bool,
-    /// `maxConcurrency` (default 100).
-    pub max_concurrency: i64,
-    /// `maxTokenConcurrency` (default 1,000,000).
-    pub max_token_concurrency: i64,
-    /// `headroom` (default 0).
-    pub headroom: f64,
-}
-
-impl Default for Concurrency {
-    fn default() -> Self {
-        Self {
-            tokens: false,
-            max_concurrency: 100,
-            max_token_concurrency: 1_000_000,
-            headroom: 0.0,
-        }
-    }
-}
+/// `concurrency-detector` as a filter (parameters and formula: [`concurrency::Params::keep`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Concurrency(pub concurrency::Params);
 
 impl Filter for Concurrency {
     fn filter(&self, cx: &Cycle<'_>, endpoints: Vec<usize>, _rng: &mut Rng) -> Vec<usize> {
-        let cap = if self.tokens {
-            self.max_token_concurrency
-        } else {
-            self.max_concurrency
-        };
-        let limit = (cap as f64 * (1.0 + self.headroom)).floor();
         endpoints
             .into_iter()
             .filter(|&i| {
-                cx.candidate(i).is_some_and(|c| {
-                    let load = if self.tokens {
-                        c.in_flight_tokens
-                    } else {
-                        c.in_flight
-                    };
-                    (load as f64) < limit
-                })
+                cx.candidate(i)
+                    .is_some_and(|c| self.0.keep(c.in_flight, c.in_flight_tokens))
             })
             .collect()
     }
@@ -138,10 +88,10 @@ mod tests {
         let mut c = candidates(&[(0, 0, 0.0); 2]);
         c[0].in_flight = 9;
         c[1].in_flight = 10;
-        let f = Concurrency {
+        let f = Concurrency(concurrency::Params {
             max_concurrency: 10,
-            ..Concurrency::default()
-        };
+            ..concurrency::Params::default()
+        });
         let mut rng = Rng::new(0);
         assert_eq!(
             with_cycle(&c, &[], |cx| f.filter(cx, all(&c), &mut rng)),
