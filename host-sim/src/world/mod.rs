@@ -3,6 +3,7 @@
 //! engine in [`vllm`]), per-request outcomes and
 //! the invariants checked while it runs.
 
+pub mod balancers;
 pub mod client;
 pub mod clock;
 pub mod events;
