@@ -5,8 +5,10 @@
 //! Install one with [`Sim::set_balancer`](crate::Sim::set_balancer): requests then skip
 //! the Wasm filter and the router sends each to the endpoint the balancer names.
 
+mod cache_aware;
 mod envoy;
 
+pub use cache_aware::CacheAware;
 pub use envoy::{LeastRequest, RoundRobin};
 
 use super::clock::Nanos;
