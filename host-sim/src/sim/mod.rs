@@ -24,6 +24,7 @@ use crate::host::vm::{
     Callback, CalloutResponse, Cluster, HostState, HttpData, LogLine, Vm, VmInit,
 };
 use crate::prometheus;
+use crate::world::balancers::{Balancer, Candidate, Pick};
 use crate::world::client::Connections;
 use crate::world::clock::{Fnv, Nanos, Rng, MS};
 use crate::world::events::EventQueue;
@@ -351,6 +352,7 @@ pub struct Sim {
     current_event: String,
     removed_at: Option<Nanos>,
     shutdowns: Vec<Option<RootShutdown>>,
+    balancer: Option<Box<dyn Balancer>>,
 }
 
 impl Sim {
@@ -398,6 +400,7 @@ impl Sim {
             violations: Vec::new(),
             deferred: Vec::new(),
             leaked: Vec::new(),
+            balancer: None,
             crashes: Vec::new(),
             reloads: 0,
             events_processed: 0,
@@ -433,6 +436,14 @@ impl Sim {
         self.ep_index.insert(addr.to_string(), idx);
     }
 
+    /// Routes every request with `balancer` instead of the filter: requests skip the Wasm
+    /// filter (the VMs still start and tick) and the router sends each to the endpoint the
+    /// balancer picks among those up, given their in-flight counts. For runs of the same
+    /// world behind Envoy's own load balancers or a model of another router.
+    pub fn set_balancer(&mut self, balancer: Box<dyn Balancer>) {
+        self.balancer = Some(balancer);
+    }
+
     /// Adds requests; their ids are their positions in the order added. Returns the ids.
     pub fn add_requests(&mut self, specs: impl IntoIterator<Item = RequestSpec>) -> Vec<usize> {
         let mut ids = Vec::new();
@@ -452,6 +463,7 @@ impl Sim {
                 dispatched_at: None,
                 first_token_at: None,
                 last_token_at: None,
+                data_at: Vec::new(),
                 finished_at: None,
             });
             let worker = self
@@ -517,6 +529,22 @@ impl Sim {
     /// Runs every event up to virtual time `t` (inclusive); no end-of-run checks.
     pub fn run_until(&mut self, t: Nanos) -> Result<()> {
         self.run_loop(Some(t))
+    }
+
+    /// Runs until every request has its final outcome, or until virtual time `limit`;
+    /// true if every request has one. Unlike [`Sim::run`] it does not wait for the
+    /// filter's own background work (metrics scrapes keep a callout in flight forever);
+    /// no end-of-run checks.
+    pub fn run_until_answered(&mut self, limit: Nanos) -> Result<bool> {
+        const STEP: Nanos = 100 * MS;
+        while !self.all_final() && self.now < limit {
+            let next = (self.now + STEP).min(limit);
+            self.run_loop(Some(next))?;
+            if self.events.peek_time().is_none() {
+                break;
+            }
+        }
+        Ok(self.all_final())
     }
 
     // ----- queries ------------------------------------------------------------------

@@ -67,6 +67,10 @@ impl Sim {
         if self.removed_at.is_some() {
             filter = false;
         }
+        // A stand-in balancer (`Sim::set_balancer`) routes instead of the filter.
+        if self.balancer.is_some() {
+            filter = false;
+        }
         let spec = &self.specs[rid];
         let mut headers = vec![
             (":authority".to_string(), "gateway.local".to_string()),
@@ -306,11 +310,14 @@ impl Sim {
         if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
             h.req_headers_writable = false;
         }
-        let dst = headers
-            .iter()
-            .find(|(k, _)| *k == self.cfg.route_header)
-            .map(|(_, v)| v.clone())
-            .filter(|v| v.parse::<std::net::SocketAddr>().is_ok());
+        let dst = match self.balancer.is_some() {
+            true => self.balance(sid),
+            false => headers
+                .iter()
+                .find(|(k, _)| *k == self.cfg.route_header)
+                .map(|(_, v)| v.clone()),
+        }
+        .filter(|v| v.parse::<std::net::SocketAddr>().is_ok());
         match dst {
             Some(d) => {
                 self.streams[sid].endpoint = Some(d.clone());
@@ -320,6 +327,28 @@ impl Sim {
                 self.local_reply(sid, 503, b"no healthy upstream".to_vec(), Vec::new(), true);
             }
         }
+    }
+
+    /// The stand-in balancer's choice among the endpoints that are up.
+    fn balance(&mut self, sid: usize) -> Option<String> {
+        let candidates: Vec<Candidate> = self
+            .endpoints
+            .iter()
+            .filter(|e| e.up)
+            .map(|e| Candidate {
+                addr: e.addr.clone(),
+                in_flight: self.in_flight.get(&e.addr).copied().unwrap_or(0),
+            })
+            .collect();
+        let spec = &self.specs[sid];
+        let pick = Pick {
+            now: self.now,
+            worker: self.streams[sid].worker,
+            path: &spec.path,
+            body: &spec.body,
+            candidates: &candidates,
+        };
+        self.balancer.as_mut()?.pick(&pick)
     }
 
     /// The end of the request leaves the filter: the router sends it upstream.
@@ -617,8 +646,9 @@ impl Sim {
     pub(super) fn client_data(&mut self, sid: usize, bytes: &[u8]) {
         let t = self.client_time(sid);
         let o = &mut self.outcomes[sid];
-        if o.first_token_at.is_none() && !bytes.is_empty() {
-            o.first_token_at = Some(t);
+        if !bytes.is_empty() {
+            o.first_token_at.get_or_insert(t);
+            o.data_at.push(t);
         }
         if o.body.len() < 1 << 20 {
             o.body.extend_from_slice(bytes);

@@ -44,6 +44,9 @@ pub struct Outcome {
     pub first_token_at: Option<Nanos>,
     /// Last response byte at the client.
     pub last_token_at: Option<Nanos>,
+    /// When each non-empty response body piece reached the client (a streamed response
+    /// sends one per engine step that produced a token), for inter-token latency.
+    pub data_at: Vec<Nanos>,
     /// Final outcome time.
     pub finished_at: Option<Nanos>,
 }

@@ -986,7 +986,47 @@ def flow_control(a, procs, command):
 
 # ---------------------------------------------------------------------------------------
 
+QUALITY_SIM = os.path.join(ROOT, "target/release/quality-sim")
+
+
+def quality_sim(argv):
+    """Routing quality in virtual time: `quality-sim` (tests/src/bin/quality-sim.rs) with
+    the arguments as given; its setup line and table are published as they are."""
+    command, append, rest = "scripts/bench quality-sim", True, []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--command":
+            command = next(it, command)
+        elif arg == "--no-append":
+            append = False
+        else:
+            rest.append(arg)
+    load_before = loadavg()
+    cmd = [QUALITY_SIM, *rest]
+    log(" ".join(cmd))
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"bench: quality-sim failed:\n{(r.stdout + r.stderr)[-4000:]}")
+    setup, _, body = r.stdout.strip().partition("\n\n")
+    notes = [
+        "Setup: " + setup + ". Sides: the real filter `.wasm` (default profile; its data layer "
+        "scrapes the engines' `/metrics` every 50 ms through the `epp-metrics` cluster) in host-sim's "
+        "simulated Envoy; host-sim's models of Envoy's `ROUND_ROBIN` (per worker) and `LEAST_REQUEST` "
+        "(two random choices, active requests) and of sglang-router 0.3.2 `cache_aware` (character radix "
+        "tree, cache threshold 0.3, balance thresholds 64 / 1.5) in the same simulated Envoy without the "
+        "filter. Each (side, QPS) is a fresh world fed the identical seeded requests (`loadgen`'s "
+        "shared-prefix workload) and Poisson arrival times; times are virtual (the engines' calibrated "
+        "latency), so the table is exactly reproducible with the same arguments and revision; `wall s` is "
+        "the real time one run took. Percentiles over the requests sent in the measured window; hit rate "
+        "= the servers' `prefix_cache_hits / prefix_cache_queries` deltas over that window; waiting = "
+        "`vllm:num_requests_waiting` summed over the pool, sampled every 0.5 s.",
+    ]
+    publish("Routing quality in virtual time (host-sim)", command, load_before, body, notes, append)
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "quality-sim":
+        return quality_sim(sys.argv[2:])
     p = argparse.ArgumentParser()
     p.add_argument("what", choices=["overhead", "quality", "sched", "overload", "flow-control"])
     p.add_argument("--command", default="scripts/bench")

@@ -1,0 +1,411 @@
+//! Routing quality in virtual time, at a scale the real-time bench cannot reach on this
+//! machine: the shared-prefix workload of `loadgen` (the same seeded prompts and Poisson
+//! arrivals) against a pool of `vllm-sim` engines with the calibrated `h100-llama-8b`
+//! profile, inside host-sim's simulated multi-worker Envoy. Sides:
+//!
+//! * `filter` — the real filter `.wasm` (default profile, or `--filter-config`), its data
+//!   layer scraping the engines' `/metrics` through the `epp-metrics` cluster;
+//! * `round_robin`, `least_request` — Envoy's `ROUND_ROBIN` and `LEAST_REQUEST` cluster
+//!   policies (host-sim's models of them, no filter);
+//! * `cache_aware` — a model of sglang-router 0.3.2's `cache_aware` policy with its
+//!   default thresholds (host-sim's, from the documented algorithm; not the router
+//!   itself).
+//!
+//! Each (side, QPS) is a fresh world: `--warmup` seconds of arrivals at that QPS, then
+//! `--seconds` measured; every side gets the identical request sequence and arrival
+//! times. Reported over the requests sent in the measured window: TTFT p50/p90/p99, ITL
+//! p50/p90 (gaps between streamed chunks, pooled), output tokens/s, the prefix-cache hit
+//! rate the servers report (their counters' deltas over the window), the servers'
+//! waiting queue (mean over 0.5 s samples, summed over the pool) and the share of
+//! requests per server. Everything is a function of `--seed`; the wall time of each run is
+//! printed too.
+//!
+//! `cargo run --release -p tests --features virtual --bin quality-sim -- --help`
+
+use host_sim::host::vm::Cluster;
+use host_sim::world::balancers::{Balancer, CacheAware, LeastRequest, RoundRobin};
+use host_sim::{Final, Nanos, RequestSpec, Sim, SimConfig, VllmConfig, VllmUpstream, MS, SEC};
+use serde_json::{json, Value};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Instant;
+use tests::loadgen::stats::{summary_json, Summary};
+use tests::loadgen::workload::{Arrivals, Spec, Workload};
+
+const HELP: &str = "quality-sim: routing quality in virtual time (host-sim + vllm-sim engines)
+
+  --servers N            model servers in the pool [16]
+  --qps A,B,C            QPS steps [16,32,48]
+  --seconds S            measured seconds per step [30]
+  --warmup S             seconds of the same load before measuring [15]
+  --sides LIST           filter,round_robin,least_request,cache_aware [all four]
+  --groups N             shared-prefix groups [128]
+  --prompts-per-group N  [16]
+  --system-prompt-len N  tokens shared by a group [1024]
+  --question-len N       tokens per prompt [128]
+  --output-len N         output tokens (ignore_eos) [64]
+  --zipf S               Zipf exponent over groups, 0 = uniform [0]
+  --max-num-seqs N       per server [8]
+  --kv-blocks N          KV blocks of 16 tokens per server [1024]
+  --workers N            Envoy workers [4]
+  --filter-config FILE   the filter's plugin configuration (JSON); pool.endpoints is set
+                         to the simulated servers [default profile]
+  --seed N               [1]
+  --json FILE            also write the results as JSON";
+
+/// The command line.
+struct Args {
+    servers: usize,
+    qps: Vec<f64>,
+    seconds: f64,
+    warmup: f64,
+    sides: Vec<String>,
+    spec: Spec,
+    max_num_seqs: usize,
+    kv_blocks: usize,
+    workers: usize,
+    filter_config: Value,
+    seed: u64,
+    json: Option<String>,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut a = Args {
+        servers: 16,
+        qps: vec![16.0, 32.0, 48.0],
+        seconds: 30.0,
+        warmup: 15.0,
+        sides: ["filter", "round_robin", "least_request", "cache_aware"]
+            .map(String::from)
+            .to_vec(),
+        spec: Spec {
+            groups: 128,
+            prompts_per_group: 16,
+            system_prompt_len: 1024,
+            question_len: 128,
+            output_len: 64,
+            ..Spec::default()
+        },
+        max_num_seqs: 8,
+        kv_blocks: 1024,
+        workers: 4,
+        filter_config: json!({}),
+        seed: 1,
+        json: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{HELP}");
+            std::process::exit(0);
+        }
+        let v = it
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value (see --help)"))?;
+        let bad = |e: &dyn std::fmt::Display| anyhow::anyhow!("{flag} {v}: {e}");
+        match flag.as_str() {
+            "--servers" => a.servers = v.parse().map_err(|e| bad(&e))?,
+            "--qps" => {
+                a.qps = v
+                    .split(',')
+                    .map(|q| q.trim().parse::<f64>())
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|e| bad(&e))?
+            }
+            "--seconds" => a.seconds = v.parse().map_err(|e| bad(&e))?,
+            "--warmup" => a.warmup = v.parse().map_err(|e| bad(&e))?,
+            "--sides" => a.sides = v.split(',').map(|s| s.trim().to_string()).collect(),
+            "--groups" => a.spec.groups = v.parse().map_err(|e| bad(&e))?,
+            "--prompts-per-group" => a.spec.prompts_per_group = v.parse().map_err(|e| bad(&e))?,
+            "--system-prompt-len" => a.spec.system_prompt_len = v.parse().map_err(|e| bad(&e))?,
+            "--question-len" => a.spec.question_len = v.parse().map_err(|e| bad(&e))?,
+            "--output-len" => a.spec.output_len = v.parse().map_err(|e| bad(&e))?,
+            "--zipf" => a.spec.zipf = v.parse().map_err(|e| bad(&e))?,
+            "--max-num-seqs" => a.max_num_seqs = v.parse().map_err(|e| bad(&e))?,
+            "--kv-blocks" => a.kv_blocks = v.parse().map_err(|e| bad(&e))?,
+            "--workers" => a.workers = v.parse().map_err(|e| bad(&e))?,
+            "--filter-config" => {
+                let text = std::fs::read_to_string(&v).map_err(|e| bad(&e))?;
+                a.filter_config = serde_json::from_str(&text).map_err(|e| bad(&e))?;
+            }
+            "--seed" => a.seed = v.parse().map_err(|e| bad(&e))?,
+            "--json" => a.json = Some(v),
+            _ => anyhow::bail!("unknown flag {flag} (see --help)"),
+        }
+    }
+    for s in &a.sides {
+        anyhow::ensure!(
+            ["filter", "round_robin", "least_request", "cache_aware"].contains(&s.as_str()),
+            "--sides: unknown side {s:?}"
+        );
+    }
+    anyhow::ensure!(a.servers > 0 && !a.qps.is_empty(), "--servers and --qps");
+    Ok(a)
+}
+
+/// What one (side, QPS) run measured.
+struct Result {
+    side: String,
+    qps: f64,
+    sent: usize,
+    statuses: BTreeMap<String, usize>,
+    ttft: Vec<f64>,
+    itl: Vec<f64>,
+    output_tokens: u64,
+    window_s: f64,
+    hit_rate: Option<f64>,
+    waiting_mean: f64,
+    share: Vec<f64>,
+    wall_s: f64,
+}
+
+fn side_label(side: &str) -> &str {
+    match side {
+        "filter" => "filter (default profile)",
+        "round_robin" => "Envoy ROUND_ROBIN",
+        "least_request" => "Envoy LEAST_REQUEST",
+        _ => "sglang cache_aware (model)",
+    }
+}
+
+fn balancer(side: &str, seed: u64) -> Option<Box<dyn Balancer>> {
+    match side {
+        "round_robin" => Some(Box::new(RoundRobin::new(seed))),
+        "least_request" => Some(Box::new(LeastRequest::new(seed))),
+        "cache_aware" => Some(Box::new(CacheAware::new())),
+        _ => None,
+    }
+}
+
+/// Output tokens of a streamed response: the `usage` of its last chunk.
+fn output_tokens(body: &[u8]) -> u64 {
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v["usage"]["completion_tokens"].as_u64())
+        .next_back()
+        .unwrap_or(0)
+}
+
+fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Result> {
+    let wall = Instant::now();
+    let eps: Vec<String> = (0..a.servers)
+        .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250 + 1))
+        .collect();
+    let mut config = a.filter_config.clone();
+    if !config.is_object() {
+        config = json!({});
+    }
+    config["pool"]["endpoints"] = json!(eps);
+    let mut cfg = SimConfig::new(&config.to_string())
+        .workers(a.workers)
+        .seed(a.seed);
+    cfg.check_invariants = false;
+    // The filter scrapes through the `epp-metrics` cluster of envoy/bootstrap.yaml.in.
+    cfg.clusters.push(Cluster {
+        name: "epp-metrics".into(),
+        dst_header: "x-envoy-original-dst-host".into(),
+    });
+    let mut sim = Sim::new(cfg)?;
+    let servers: Vec<Rc<RefCell<VllmUpstream>>> = eps
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            VllmConfig::new(e)
+                .profile("h100-llama-8b")
+                .max_num_seqs(a.max_num_seqs)
+                .kv_blocks(a.kv_blocks)
+                .max_waiting(100_000)
+                .seed(a.seed.wrapping_add(i as u64))
+                .build()
+                .shared()
+        })
+        .collect();
+    for (e, s) in eps.iter().zip(&servers) {
+        sim.add_endpoint(e, Box::new(s.clone()));
+    }
+    if let Some(b) = balancer(side, a.seed) {
+        sim.set_balancer(b);
+    }
+
+    let start: Nanos = 10 * MS;
+    let measure_from = start + (a.warmup * SEC as f64) as Nanos;
+    let end = measure_from + (a.seconds * SEC as f64) as Nanos;
+    let mut workload = Workload::new(a.spec.clone(), a.seed);
+    let mut specs = Vec::new();
+    for (i, at) in Arrivals::new(qps, a.seed).enumerate() {
+        let t = start + at.as_nanos() as Nanos;
+        if t >= end {
+            break;
+        }
+        let r = workload.next_request(i as u64);
+        specs.push(RequestSpec::post("/v1/completions", r.body).at(t).label(
+            if t >= measure_from {
+                "measure"
+            } else {
+                "warmup"
+            },
+        ));
+    }
+    sim.add_requests(specs);
+
+    let counters = |servers: &[Rc<RefCell<VllmUpstream>>]| {
+        servers.iter().fold((0u64, 0u64), |(q, h), s| {
+            let m = s.borrow().engine().metrics().clone();
+            (q + m.prefix_cache_queries, h + m.prefix_cache_hits)
+        })
+    };
+    sim.run_until(measure_from)?;
+    let before = counters(&servers);
+    let mut waiting = Vec::new();
+    let mut t = measure_from;
+    while t < end {
+        t += SEC / 2;
+        sim.run_until(t)?;
+        waiting.push(
+            servers
+                .iter()
+                .map(|s| s.borrow().snapshot().waiting as f64)
+                .sum::<f64>(),
+        );
+    }
+    let answered = sim.run_until_answered(end + 600 * SEC)?;
+    anyhow::ensure!(
+        answered,
+        "{side} at {qps} QPS: requests still unanswered 600 s after the last arrival"
+    );
+    let after = counters(&servers);
+
+    let mut r = Result {
+        side: side.to_string(),
+        qps,
+        sent: 0,
+        statuses: BTreeMap::new(),
+        ttft: Vec::new(),
+        itl: Vec::new(),
+        output_tokens: 0,
+        window_s: 0.0,
+        hit_rate: None,
+        waiting_mean: waiting.iter().sum::<f64>() / waiting.len().max(1) as f64,
+        share: Vec::new(),
+        wall_s: 0.0,
+    };
+    let ms = |n: Nanos| n as f64 / MS as f64;
+    let mut per: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut last_finish = measure_from;
+    for o in sim.outcomes().iter().filter(|o| o.label == "measure") {
+        r.sent += 1;
+        let key = match (o.fin, o.status) {
+            (Final::Response, Some(s)) => s.to_string(),
+            (f, _) => format!("{f:?}").to_lowercase(),
+        };
+        *r.statuses.entry(key).or_default() += 1;
+        if let Some(e) = &o.endpoint {
+            *per.entry(e.as_str()).or_default() += 1;
+        }
+        if o.fin != Final::Response || o.status != Some(200) {
+            continue;
+        }
+        if let Some(t) = o.first_token_at {
+            r.ttft.push(ms(t - o.sent_at));
+        }
+        r.itl.extend(o.data_at.windows(2).map(|w| ms(w[1] - w[0])));
+        r.output_tokens += output_tokens(&o.body);
+        last_finish = last_finish.max(o.finished_at.unwrap_or(0));
+    }
+    r.window_s = (last_finish - measure_from) as f64 / SEC as f64;
+    let (q, h) = (after.0 - before.0, after.1 - before.1);
+    r.hit_rate = (q > 0).then(|| h as f64 / q as f64);
+    r.share = eps
+        .iter()
+        .map(|e| 100.0 * *per.get(e.as_str()).unwrap_or(&0) as f64 / r.sent.max(1) as f64)
+        .collect();
+    r.wall_s = wall.elapsed().as_secs_f64();
+    Ok(r)
+}
+
+fn fmt3(s: &Option<Summary>, f: impl Fn(&Summary) -> Vec<f64>) -> String {
+    s.as_ref().map_or("-".into(), |s| {
+        f(s).iter()
+            .map(|v| format!("{v:.0}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = parse_args()?;
+    let s = &a.spec;
+    let demand = u64::from(s.groups) * u64::from(s.system_prompt_len);
+    let kv = a.kv_blocks as u64 * 16;
+    println!(
+        "{} servers (vllm-sim h100-llama-8b, max-num-seqs {}, {} KV tokens each), {} Envoy workers; \
+         {} groups × {} prompts, system {} + question {} tokens, output {}{}; prefix demand \
+         {demand} tokens = {:.1}× a server's KV, {:.0} % of the pool's; warm-up {} s, measured {} s per step; seed {}",
+        a.servers,
+        a.max_num_seqs,
+        kv,
+        a.workers,
+        s.groups,
+        s.prompts_per_group,
+        s.system_prompt_len,
+        s.question_len,
+        s.output_len,
+        if s.zipf > 0.0 { format!(", groups Zipf({})", s.zipf) } else { String::new() },
+        demand as f64 / kv as f64,
+        100.0 * demand as f64 / (kv * a.servers as u64) as f64,
+        a.warmup,
+        a.seconds,
+        a.seed
+    );
+    println!();
+    println!("| QPS | side | TTFT p50 / p90 / p99 ms | ITL p50 / p90 ms | output tok/s | prefix hit rate | servers' waiting (mean) | share per server % (min–max) | statuses | wall s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut all = Vec::new();
+    for &qps in &a.qps {
+        for side in &a.sides {
+            let r = run(&a, side, qps)?;
+            let ttft = Summary::of(&r.ttft);
+            let itl = Summary::of(&r.itl);
+            let (lo, hi) = r
+                .share
+                .iter()
+                .fold((f64::MAX, 0.0f64), |(l, h), v| (l.min(*v), h.max(*v)));
+            println!(
+                "| {} | {} | {} | {} | {:.0} | {} | {:.1} | {:.1}–{:.1} | {:?} | {:.1} |",
+                r.qps,
+                side_label(&r.side),
+                fmt3(&ttft, |s| vec![s.p50, s.p90, s.p99]),
+                itl.as_ref()
+                    .map_or("-".into(), |s| format!("{:.1} / {:.1}", s.p50, s.p90)),
+                r.output_tokens as f64 / r.window_s.max(1e-9),
+                r.hit_rate
+                    .map_or("-".into(), |h| format!("{:.1} %", 100.0 * h)),
+                r.waiting_mean,
+                lo,
+                hi,
+                r.statuses,
+                r.wall_s
+            );
+            all.push(json!({
+                "qps": r.qps,
+                "side": r.side,
+                "sent": r.sent,
+                "statuses": r.statuses,
+                "ttft_ms": summary_json(&r.ttft),
+                "itl_ms": summary_json(&r.itl),
+                "output_tokens_per_s": r.output_tokens as f64 / r.window_s.max(1e-9),
+                "prefix_hit_rate": r.hit_rate,
+                "servers_waiting_mean": r.waiting_mean,
+                "share_percent": r.share,
+                "wall_s": r.wall_s,
+            }));
+        }
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&all)?)?;
+    }
+    Ok(())
+}
