@@ -11,8 +11,10 @@
 //! the reason, and the filter never half-loads. Defaulting follows the reference
 //! (`defaults.go`): names default to types, weights to 1, a profile without a picker
 //! gets one, one profile gets `single-profile-handler`, and no configuration at all (or no
-//! `plugins`) means the reference's default profile: queue-scorer 2,
-//! kv-cache-utilization-scorer 2, prefix-cache-scorer 3, max-score-picker.
+//! `plugins`) means the reference's default profile — queue-scorer 2,
+//! kv-cache-utilization-scorer 2, prefix-cache-scorer 3, max-score-picker — with the
+//! reference's default `utilization-detector` also placed in it as a filter (a deliberate
+//! difference: without it a hot prefix group piles onto one server; see `parse`).
 
 pub mod epp;
 pub mod pool;
@@ -159,8 +161,15 @@ impl Config {
             None => Vec::new(),
         };
         if top.get("plugins").is_none() && profiles.is_empty() {
-            // The reference's loadDefaultConfig.
+            // The reference's loadDefaultConfig, plus its default saturation detector in
+            // the profile as a filter: with the 3:2:2 weights alone, an endpoint that
+            // matches ≥ 67 % of a prompt wins whatever its queue, so a hot prefix group
+            // piles onto one server (BENCHMARKS.md, `scripts/bench quality-sim --zipf
+            // 1.1`: TTFT p90 12 s → 0.12 s at 32 QPS). Its filter role leaves out an
+            // endpoint with 5+ waiting or KV ≥ 80 % while others are below (all kept if
+            // none is).
             for t in [
+                "utilization-detector",
                 "queue-scorer",
                 "kv-cache-utilization-scorer",
                 "prefix-cache-scorer",
@@ -170,6 +179,10 @@ impl Config {
             profiles.push(ProfileSpec {
                 name: "default".to_string(),
                 plugins: vec![
+                    ProfilePlugin {
+                        plugin_ref: "utilization-detector".to_string(),
+                        weight: None,
+                    },
                     weighted("queue-scorer", 2.0),
                     weighted("kv-cache-utilization-scorer", 2.0),
                     weighted("prefix-cache-scorer", 3.0),

@@ -10,7 +10,7 @@ fn parse(text: &str) -> Result<Config, ConfigError> {
 }
 
 #[wasm_bindgen_test(unsupported = test)]
-fn no_configuration_is_the_reference_default_profile() {
+fn no_configuration_is_the_reference_default_profile_with_its_detector_as_a_filter() {
     for text in [
         "",
         "  ",
@@ -29,6 +29,7 @@ fn no_configuration_is_the_reference_default_profile() {
         assert_eq!(
             w,
             vec![
+                ("utilization-detector", None),
                 ("queue-scorer", Some(2.0)),
                 ("kv-cache-utilization-scorer", Some(2.0)),
                 ("prefix-cache-scorer", Some(3.0)),
@@ -42,6 +43,7 @@ fn no_configuration_is_the_reference_default_profile() {
         assert_eq!(c.parser, "openai-parser");
         let s = registry::build(&c).unwrap();
         assert_eq!(s.profiles[0].scorers.len(), 3);
+        assert_eq!(s.profiles[0].filters.len(), 1);
         assert!(s.prefix.is_some());
         assert!(matches!(s.handler, Handler::Single(_)));
     }

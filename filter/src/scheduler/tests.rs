@@ -78,6 +78,45 @@ fn the_default_profile_follows_the_prefix_cache_when_load_is_equal() {
 }
 
 #[wasm_bindgen_test(unsupported = test)]
+fn the_default_profile_moves_a_hot_prefix_off_a_queueing_server() {
+    let s = scheduler("{}");
+    let c = candidates(&[(0, 4, 0.1); 4]);
+    let prompt = "You are a helpful assistant. ".repeat(20);
+    let mut index = PrefixIndex::new();
+    let first = pick(&s, &c, &index, &prompt, 7).unwrap();
+    let hot = first.primary().unwrap();
+    index.insert(&c[hot].address, &first.hashes, 1000);
+    // Shared-prefix requests use little KV, so the holder's KV stays low while its queue
+    // grows. By the scores alone the full match (3) beats the shortest queue (2) at any
+    // queue length; the detector in the default profile leaves the holder out from 5
+    // waiting on (`queueDepthThreshold`), while the others are below it.
+    let mut queued = c.clone();
+    queued[hot].metrics.waiting = 4;
+    assert_eq!(
+        pick(&s, &queued, &index, &prompt, 1).unwrap().primary(),
+        Some(hot)
+    );
+    queued[hot].metrics.waiting = 50;
+    for seed in 0..10 {
+        let d = pick(&s, &queued, &index, &prompt, seed).unwrap();
+        assert_ne!(d.primary(), Some(hot), "seed {seed}");
+    }
+    // When every server queues, none is left out (the detector fails open): the prefix wins.
+    let all_busy: Vec<Candidate> = queued
+        .iter()
+        .cloned()
+        .map(|mut e| {
+            e.metrics.waiting = e.metrics.waiting.max(20);
+            e
+        })
+        .collect();
+    assert_eq!(
+        pick(&s, &all_busy, &index, &prompt, 1).unwrap().primary(),
+        Some(hot)
+    );
+}
+
+#[wasm_bindgen_test(unsupported = test)]
 fn filters_that_remove_everything_fail_the_profile() {
     let s = scheduler(
         r#"{"plugins":[{"type":"label-selector-filter","parameters":{"matchLabels":{"zone":"x"}}},{"type":"queue-scorer"}]}"#,
