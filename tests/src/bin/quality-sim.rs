@@ -51,6 +51,7 @@ const HELP: &str = "quality-sim: routing quality in virtual time (host-sim + vll
   --workers N            Envoy workers [4]
   --filter-config FILE   the filter's plugin configuration (JSON); pool.endpoints is set
                          to the simulated servers [default profile]
+  --wasm FILE            the filter module [target/wasm32-wasip1/release/epp_filter.wasm]
   --seed N               [1]
   --json FILE            also write the results as JSON";
 
@@ -66,6 +67,7 @@ struct Args {
     kv_blocks: usize,
     workers: usize,
     filter_config: Value,
+    wasm: Option<std::path::PathBuf>,
     seed: u64,
     json: Option<String>,
 }
@@ -91,6 +93,7 @@ fn parse_args() -> anyhow::Result<Args> {
         kv_blocks: 1024,
         workers: 4,
         filter_config: json!({}),
+        wasm: None,
         seed: 1,
         json: None,
     };
@@ -129,6 +132,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 let text = std::fs::read_to_string(&v).map_err(|e| bad(&e))?;
                 a.filter_config = serde_json::from_str(&text).map_err(|e| bad(&e))?;
             }
+            "--wasm" => a.wasm = Some(v.into()),
             "--seed" => a.seed = v.parse().map_err(|e| bad(&e))?,
             "--json" => a.json = Some(v),
             _ => anyhow::bail!("unknown flag {flag} (see --help)"),
@@ -203,6 +207,9 @@ fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Result> {
         .workers(a.workers)
         .seed(a.seed);
     cfg.check_invariants = false;
+    if let Some(w) = &a.wasm {
+        cfg.wasm = w.clone();
+    }
     // The filter scrapes through the `epp-metrics` cluster of envoy/bootstrap.yaml.in.
     cfg.clusters.push(Cluster {
         name: "epp-metrics".into(),
