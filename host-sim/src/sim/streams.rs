@@ -64,11 +64,8 @@ impl Sim {
         }
         // The plugin was removed (`Control::RemovePlugin`): the listener's new filter
         // chain no longer has the Wasm filter, so the request goes to the router as is.
-        if self.removed_at.is_some() {
-            filter = false;
-        }
-        // A stand-in balancer (`Sim::set_balancer`) routes instead of the filter.
-        if self.balancer.is_some() {
+        // A stand-in balancer (`Sim::set_balancer`) also routes without the filter.
+        if self.removed_at.is_some() || self.balancer.is_some() {
             filter = false;
         }
         let spec = &self.specs[rid];
@@ -310,12 +307,13 @@ impl Sim {
         if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
             h.req_headers_writable = false;
         }
-        let dst = match self.balancer.is_some() {
-            true => self.balance(sid),
-            false => headers
+        let dst = if self.balancer.is_some() {
+            self.balance(sid)
+        } else {
+            headers
                 .iter()
                 .find(|(k, _)| *k == self.cfg.route_header)
-                .map(|(_, v)| v.clone()),
+                .map(|(_, v)| v.clone())
         }
         .filter(|v| v.parse::<std::net::SocketAddr>().is_ok());
         match dst {

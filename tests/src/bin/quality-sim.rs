@@ -113,7 +113,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 a.qps = v
                     .split(',')
                     .map(|q| q.trim().parse::<f64>())
-                    .collect::<std::result::Result<_, _>>()
+                    .collect::<Result<_, _>>()
                     .map_err(|e| bad(&e))?
             }
             "--seconds" => a.seconds = v.parse().map_err(|e| bad(&e))?,
@@ -149,7 +149,7 @@ fn parse_args() -> anyhow::Result<Args> {
 }
 
 /// What one (side, QPS) run measured.
-struct Result {
+struct Measured {
     side: String,
     qps: f64,
     sent: usize,
@@ -193,7 +193,7 @@ fn output_tokens(body: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
-fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Result> {
+fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Measured> {
     let wall = Instant::now();
     let eps: Vec<String> = (0..a.servers)
         .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250 + 1))
@@ -285,7 +285,7 @@ fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Result> {
     );
     let after = counters(&servers);
 
-    let mut r = Result {
+    let mut r = Measured {
         side: side.to_string(),
         qps,
         sent: 0,
