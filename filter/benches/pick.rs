@@ -11,16 +11,16 @@
 #![allow(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)]
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
-use epp_filter::config::Config;
 use epp_filter::inflight;
 use epp_filter::prefix::index::PrefixIndex;
-use epp_filter::registry;
 use epp_filter::rng::Rng;
 use epp_filter::scheduler::{Candidate, Metrics, Probe, Request, Scheduler};
 use epp_filter::shared_store::MemoryStore;
 
 fn setup(n: usize) -> (Scheduler, Vec<Candidate>, PrefixIndex, String) {
-    let scheduler = registry::build(&Config::default()).expect("default config");
+    let scheduler = epp_filter::runtime::load("")
+        .expect("default config")
+        .scheduler;
     let mut rng = Rng::new(42);
     let candidates: Vec<Candidate> = (0..n)
         .map(|i| Candidate {

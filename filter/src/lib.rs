@@ -12,14 +12,18 @@
 
 pub mod config;
 pub mod datalayer;
+pub mod endpoint;
 pub mod errors;
 pub mod flow_control;
+pub mod headers;
 pub mod inflight;
 pub mod metrics;
 pub mod openai;
 pub mod prefix;
 pub mod registry;
 pub mod rng;
+pub mod routing;
+pub mod runtime;
 pub mod scheduler;
 pub mod shared_store;
 

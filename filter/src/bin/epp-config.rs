@@ -9,7 +9,6 @@
 //! ```
 //! `FILE` may be `-` for stdin. An invalid file exits 1 with the field path and reason.
 
-use epp_filter::config::Config;
 use std::io::Read;
 use std::process::ExitCode;
 
@@ -59,7 +58,7 @@ fn main() -> ExitCode {
             },
         }
     };
-    if let Err(e) = Config::from_value(&doc) {
+    if let Err(e) = epp_filter::runtime::from_value(&doc) {
         eprintln!("epp-config: {file}: {e}");
         return ExitCode::from(1);
     }

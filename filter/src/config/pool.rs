@@ -4,6 +4,7 @@
 
 use super::quantity::parse_duration_ms;
 use super::validate::{as_array, as_object, as_str, err, only_fields, ConfigError};
+use crate::endpoint::Endpoint;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -16,15 +17,6 @@ pub const DEFAULT_POOL_NAME: &str = "default-pool";
 pub const DEFAULT_DISCOVERY_REFRESH_MS: u64 = 1_000;
 /// Default name of the bootstrap cluster that reaches Envoy's own admin API.
 pub const DEFAULT_ADMIN_CLUSTER: &str = "epp-admin";
-
-/// One model-server endpoint of the pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `ip:port`, as written into `x-gateway-destination-endpoint`.
-    pub address: String,
-    /// Labels (role, engine type, zone, ...), used by label filters and metric mapping.
-    pub labels: BTreeMap<String, String>,
-}
 
 /// An `InferenceObjective`: a name clients send in `x-gateway-inference-objective`.
 #[derive(Debug, Clone, PartialEq, Eq)]

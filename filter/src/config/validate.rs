@@ -80,20 +80,25 @@ pub fn only_fields(
     Ok(())
 }
 
-/// Typed access to a plugin's `parameters` object: every getter checks the type and
-/// range and names the field in its error; [`Params::finish`] refuses unknown fields.
+/// Typed access to a plugin's `parameters` object — the one way a plugin reads its
+/// parameters: [`Params::new`] refuses fields the plugin does not know, and every getter
+/// checks the type and names the field in its error.
 pub struct Params<'a> {
     obj: Option<&'a Map<String, Value>>,
     path: String,
 }
 
 impl<'a> Params<'a> {
-    /// `v` is the `parameters` value (null or absent means none), `path` its path.
-    pub fn new(v: Option<&'a Value>, path: &str) -> Result<Self, ConfigError> {
+    /// `v` is the `parameters` value (null or absent means none), `path` its path,
+    /// `known` every field the plugin accepts (any other is an error).
+    pub fn new(v: Option<&'a Value>, path: &str, known: &[&str]) -> Result<Self, ConfigError> {
         let obj = match v {
             None | Some(Value::Null) => None,
             Some(v) => Some(as_object(v, path)?),
         };
+        if let Some(o) = obj {
+            only_fields(o, path, known)?;
+        }
         Ok(Self {
             obj,
             path: path.to_string(),
@@ -149,11 +154,48 @@ impl<'a> Params<'a> {
         }
     }
 
-    /// Refuses fields other than `known`.
-    pub fn finish(&self, known: &[&str]) -> Result<(), ConfigError> {
-        match self.obj {
-            Some(o) => only_fields(o, &self.path, known),
-            None => Ok(()),
+    /// A positive integer.
+    pub fn positive(&self, name: &str, default: i64) -> Result<i64, ConfigError> {
+        let v = self.i64(name, default)?;
+        if v <= 0 {
+            return Err(err(&self.path(name), format!("must be positive, got {v}")));
         }
+        Ok(v)
+    }
+
+    /// A number between 0 and 1.
+    pub fn unit(&self, name: &str, default: f64) -> Result<f64, ConfigError> {
+        let v = self.f64(name, default)?;
+        if !(0.0..=1.0).contains(&v) {
+            return Err(err(
+                &self.path(name),
+                format!("must be between 0 and 1, got {v}"),
+            ));
+        }
+        Ok(v)
+    }
+
+    /// A number that is not negative.
+    pub fn non_negative(&self, name: &str, default: f64) -> Result<f64, ConfigError> {
+        let v = self.f64(name, default)?;
+        if v < 0.0 {
+            return Err(err(
+                &self.path(name),
+                format!("must not be negative, got {v}"),
+            ));
+        }
+        Ok(v)
+    }
+
+    /// A string that must equal `only` (a parameter whose other values are not supported).
+    pub fn only(&self, name: &str, only: &str) -> Result<(), ConfigError> {
+        let v = self.string(name, only)?;
+        if v != only {
+            return Err(err(
+                &self.path(name),
+                format!("\"{v}\" is not supported; use {only}"),
+            ));
+        }
+        Ok(())
     }
 }

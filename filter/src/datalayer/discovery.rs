@@ -5,7 +5,7 @@
 //! health other than HEALTHY/UNKNOWN, or a failed health check flag) are left out. Each
 //! host is one endpoint, so the several ports of a data-parallel pod are several endpoints.
 
-use crate::config::Endpoint;
+use crate::endpoint::Endpoint;
 use serde_json::Value;
 use std::collections::BTreeMap;
 

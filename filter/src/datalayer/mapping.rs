@@ -13,7 +13,10 @@
 //! none has one); for LoRA the series with the largest value.
 
 use super::prometheus::Sample;
-use crate::scheduler::Metrics;
+use crate::config::validate::{as_array, as_str, err};
+use crate::config::{ConfigError, Params};
+use crate::endpoint::Metrics;
+use serde_json::Value;
 
 /// The GIE engine label.
 pub const ENGINE_LABEL: &str = "inference.networking.k8s.io/engine-type";
@@ -321,6 +324,114 @@ pub fn extract(engine: &Engine, samples: &[Sample], now_ms: i64) -> Option<Metri
     }
     m.updated_ms = Some(now_ms);
     Some(m)
+}
+
+/// The extractor's type name in `EndpointPickerConfig`.
+pub const EXTRACTOR_TYPE: &str = "core-metrics-extractor";
+
+impl Mapping {
+    /// `core-metrics-extractor`'s mapping from its `parameters`: `engineLabelKey`,
+    /// `defaultEngine` and `engineConfigs` (each engine's metric specs); the built-in
+    /// engines fill in what is not configured.
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let params = Params::new(
+            Some(v),
+            path,
+            &["engineLabelKey", "defaultEngine", "engineConfigs"],
+        )?;
+        let mut m = Mapping {
+            engine_label: params.string("engineLabelKey", ENGINE_LABEL)?,
+            default_engine: params.string("defaultEngine", "vllm")?,
+            engines: Vec::new(),
+        };
+        if let Some(list) = params.get("engineConfigs") {
+            let path = params.path("engineConfigs");
+            for (i, e) in as_array(list, &path)?.iter().enumerate() {
+                let engine = Engine::from_parameters(e, &format!("{path}[{i}]"))?;
+                if m.engines.iter().any(|x| x.name == engine.name) {
+                    return Err(err(
+                        &format!("{path}[{i}].name"),
+                        format!("duplicate engine \"{}\"", engine.name),
+                    ));
+                }
+                m.engines.push(engine);
+            }
+        }
+        for b in builtin_engines() {
+            if !m.engines.iter().any(|e| e.name == b.name) {
+                m.engines.push(b);
+            }
+        }
+        if !m.engines.iter().any(|e| e.name == m.default_engine) {
+            return Err(err(
+                &params.path("defaultEngine"),
+                format!("unknown engine \"{}\"", m.default_engine),
+            ));
+        }
+        Ok(m)
+    }
+}
+
+impl Engine {
+    /// One `engineConfigs` entry.
+    fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let ep = Params::new(
+            Some(v),
+            path,
+            &[
+                "name",
+                "queuedRequestsSpec",
+                "runningRequestsSpec",
+                "kvUsageSpec",
+                "loraSpec",
+                "cacheInfoSpec",
+                "cacheBlockSizeLabelName",
+                "cacheNumBlocksLabelName",
+                "cacheBlockSizeSpec",
+                "cacheNumBlocksSpec",
+            ],
+        )?;
+        let name = ep.string("name", "")?;
+        if name.is_empty() || name == "default" {
+            return Err(err(&ep.path("name"), "must be set and not \"default\""));
+        }
+        let spec = |f: &str| -> Result<Option<Spec>, ConfigError> {
+            match ep.get(f) {
+                None => Ok(None),
+                Some(v) => {
+                    let s = as_str(v, &ep.path(f))?;
+                    if s.is_empty() {
+                        return Ok(None); // an empty spec disables the metric
+                    }
+                    Spec::parse(s).map(Some).map_err(|e| err(&ep.path(f), e))
+                }
+            }
+        };
+        let cache_info = match (
+            spec("cacheInfoSpec")?,
+            spec("cacheBlockSizeSpec")?,
+            spec("cacheNumBlocksSpec")?,
+        ) {
+            (Some(s), _, _) => Some(CacheInfo::Labels {
+                spec: s,
+                block_size: ep.string("cacheBlockSizeLabelName", "block_size")?,
+                num_blocks: ep.string("cacheNumBlocksLabelName", "num_gpu_blocks")?,
+            }),
+            (None, Some(b), Some(n)) => Some(CacheInfo::Gauges {
+                block_size: b,
+                num_blocks: n,
+            }),
+            _ => None,
+        };
+        Ok(Engine {
+            name,
+            queued: spec("queuedRequestsSpec")?,
+            running: spec("runningRequestsSpec")?,
+            kv_usage: spec("kvUsageSpec")?.into_iter().collect(),
+            lora: spec("loraSpec")?,
+            cache_info,
+        })
+    }
 }
 
 #[cfg(test)]

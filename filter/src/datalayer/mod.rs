@@ -13,9 +13,11 @@ pub mod lease;
 pub mod mapping;
 pub mod prometheus;
 pub mod snapshot;
+pub mod source;
 
-use crate::config::Endpoint;
-use crate::scheduler::Candidate;
+use crate::endpoint::Candidate;
+use crate::endpoint::Endpoint;
+use crate::flow_control::saturation::EndpointLoad;
 use hashbrown::HashMap;
 use snapshot::EndpointSnapshot;
 
@@ -58,7 +60,8 @@ impl Default for Settings {
 
 /// Whether the subset hint allows `address`. No hint: every endpoint. An entry with a
 /// port matches that `ip:port` exactly; an entry without a port matches every port of the
-/// IP (the reference matches by IP only, which conflates data-parallel ranks, §15 #9).
+/// IP (the reference matches by IP only, which conflates data-parallel ranks served on
+/// one IP).
 pub fn subset_allows(subset: Option<&[String]>, address: &str) -> bool {
     let Some(list) = subset else { return true };
     let ip = host_of(address);
@@ -116,6 +119,26 @@ pub fn candidates(
         });
     }
     out
+}
+
+/// The scraped load of every pool endpoint (static then discovered), as the saturation
+/// detectors read it: an endpoint not scraped yet, or whose scrape failed, reads as never
+/// scraped (saturated until it is).
+pub fn endpoint_loads(
+    static_endpoints: &[Endpoint],
+    discovered: &[Endpoint],
+    snapshots: &HashMap<String, EndpointSnapshot>,
+) -> Vec<EndpointLoad> {
+    static_endpoints
+        .iter()
+        .chain(discovered)
+        .map(|e| match snapshots.get(&e.address) {
+            Some(s) if !s.failing && s.updated_ms != 0 => {
+                EndpointLoad::scraped(s.waiting, s.kv_usage, Some(s.updated_ms))
+            }
+            _ => EndpointLoad::UNKNOWN,
+        })
+        .collect()
 }
 
 #[cfg(test)]

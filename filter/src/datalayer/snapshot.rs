@@ -10,7 +10,7 @@
 //! until it answers again; the pool gauges count only endpoints scraped within
 //! [`POOL_FRESHNESS_MS`].
 
-use crate::scheduler::Metrics;
+use crate::endpoint::Metrics;
 use prost::Message;
 
 /// Shared-data key of the snapshot record.

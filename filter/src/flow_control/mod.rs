@@ -11,10 +11,12 @@
 //! | `saturation/` | `utilization-detector`, `concurrency-detector` |
 //! | `state` | the global state shared by all workers (one CAS record) and its operations |
 //! | `parked` | the requests one VM holds paused |
+//! | `legacy` | admission with the gate off (429 for sheddable requests while saturated) |
 //! | `outcome` | outcomes, their HTTP statuses, bodies and metric labels |
 
 pub mod config;
 pub mod fairness;
+pub mod legacy;
 pub mod ordering;
 pub mod outcome;
 pub mod parked;

@@ -8,6 +8,22 @@ pub mod hash;
 pub mod index;
 pub mod shared;
 
+use crate::config::validate::err;
+use crate::config::{ConfigError, Params};
+use serde_json::Value;
+
+/// The producer's type name in `EndpointPickerConfig`.
+pub const PRODUCER_TYPE: &str = "approx-prefix-cache-producer";
+/// The prefix parameters, on the producer and (v1.4) on `prefix-cache-scorer`.
+pub const PARAMETERS: &[&str] = &[
+    "autoTune",
+    "blockSizeTokens",
+    "blockSize",
+    "maxPrefixBlocksToMatch",
+    "maxPrefixTokensToMatch",
+    "lruCapacityPerServer",
+];
+
 /// The prefix parameters (`approx-prefix-cache-producer`, or on `prefix-cache-scorer` as in
 /// v1.4 and earlier).
 #[derive(Debug, Clone, PartialEq)]
@@ -33,5 +49,48 @@ impl Default for PrefixConfig {
             max_prefix_blocks: 256,
             lru_capacity_per_server: 31_250,
         }
+    }
+}
+
+impl PrefixConfig {
+    /// Reads the prefix parameters ([`PARAMETERS`]); `blockSize` (characters) is refused
+    /// with a pointer to `blockSizeTokens`; `maxPrefixTokensToMatch`, when set, overrides
+    /// `maxPrefixBlocksToMatch`.
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let params = Params::new(Some(v), path, PARAMETERS)?;
+        let d = PrefixConfig::default();
+        let auto_tune = params.bool("autoTune", d.auto_tune)?;
+        let block_size_tokens = match (params.get("blockSizeTokens"), params.get("blockSize")) {
+            (None, Some(_)) => {
+                return Err(err(
+                    &params.path("blockSize"),
+                    "is deprecated (characters); set blockSizeTokens instead",
+                ))
+            }
+            (Some(_), _) => params.positive("blockSizeTokens", 16)?.unsigned_abs(),
+            (None, None) => d.block_size_tokens,
+        };
+        let mut max_blocks = params
+            .positive("maxPrefixBlocksToMatch", 256)?
+            .unsigned_abs();
+        let max_tokens = params.i64("maxPrefixTokensToMatch", 0)?;
+        if max_tokens < 0 {
+            return Err(err(
+                &params.path("maxPrefixTokensToMatch"),
+                "must not be negative",
+            ));
+        }
+        if max_tokens > 0 {
+            max_blocks = (max_tokens.unsigned_abs() / block_size_tokens).max(1);
+        }
+        let lru = params
+            .positive("lruCapacityPerServer", 31_250)?
+            .unsigned_abs();
+        Ok(PrefixConfig {
+            auto_tune,
+            block_size_tokens,
+            max_prefix_blocks: max_blocks,
+            lru_capacity_per_server: lru,
+        })
     }
 }

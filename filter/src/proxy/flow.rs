@@ -4,13 +4,14 @@
 //!
 //! Every decision is one CAS of the shared state (`flow_control::state`); this module
 //! only moves streams: `set_effective_context` + destination header + resume, or a local
-//! reply. Wake-ups and replies are capped per callback (V8's stack, see the Envoy facts).
+//! reply. Wake-ups and replies are capped per callback: waking many streams in one
+//! callback nests deeply in V8 and can exhaust its stack.
 
 use super::route::RouteInput;
 use super::vm::{self, Running, Waiting};
-use super::{host, route, state, stats, store::HostStore};
-use crate::config::Config;
+use super::{host, route, stats, store::HostStore};
 use crate::errors::ApiError;
+use crate::flow_control::legacy;
 use crate::flow_control::ordering::OrderInputs;
 use crate::flow_control::outcome::Outcome;
 use crate::flow_control::parked::ParkedRequest;
@@ -20,6 +21,7 @@ use crate::flow_control::state::{
 };
 use crate::inflight::{Ledger, LEDGER_KEY};
 use crate::metrics;
+use crate::runtime::Runtime;
 use crate::shared_store::{ensure, read, update};
 
 /// Most streams woken or answered in one callback.
@@ -60,38 +62,22 @@ pub enum Admit {
     Reject(ApiError),
 }
 
-/// Scraped endpoint loads for the utilization detector, from the data layer's snapshots
-/// (an endpoint not scraped yet reads as never scraped, i.e. saturated until it is).
-fn endpoint_loads(config: &Config) -> Vec<EndpointLoad> {
-    let Some(rt) = state::runtime() else {
-        return Vec::new();
-    };
-    state::with_view(rt.config.pool.discovery.is_some(), |v| {
-        config
-            .pool
-            .endpoints
-            .iter()
-            .chain(v.discovered.iter())
-            .map(|e| match v.snapshots.get(&e.address) {
-                Some(s) if !s.failing && s.updated_ms != 0 => EndpointLoad {
-                    waiting: s.waiting as f64,
-                    kv_usage: s.kv_usage,
-                    updated_ms: Some(u64::try_from(s.updated_ms).unwrap_or(0)),
-                },
-                _ => EndpointLoad {
-                    waiting: 0.0,
-                    kv_usage: 0.0,
-                    updated_ms: None,
-                },
-            })
-            .collect()
+/// Scraped endpoint loads for the utilization detector, from this VM's view of the
+/// snapshots (an endpoint not scraped yet reads as never scraped, i.e. saturated until
+/// it is).
+fn endpoint_loads(rt: &Runtime) -> Vec<EndpointLoad> {
+    let discovery = rt.pool.discovery.is_some();
+    vm::with(|vm| {
+        vm.view.refresh(discovery);
+        vm.view.loads(&rt.pool.endpoints)
     })
+    .unwrap_or_default()
 }
 
 /// The pool's saturation for `state` (in-flight counts come from the shared state).
-fn saturation(config: &Config, loads: &[EndpointLoad], state: &FlowState, now_ms: u64) -> f64 {
+fn saturation(rt: &Runtime, loads: &[EndpointLoad], state: &FlowState, now_ms: u64) -> f64 {
     pool_saturation(
-        config,
+        rt,
         loads,
         (state.in_flight(), state.in_flight_tokens()),
         now_ms,
@@ -99,14 +85,14 @@ fn saturation(config: &Config, loads: &[EndpointLoad], state: &FlowState, now_ms
 }
 
 fn pool_saturation(
-    config: &Config,
+    rt: &Runtime,
     loads: &[EndpointLoad],
     in_flight: (u64, u64),
     now_ms: u64,
 ) -> f64 {
-    config.flow.detector.saturation(&PoolLoad {
+    rt.flow.detector.saturation(&PoolLoad {
         endpoints: loads,
-        endpoint_count: loads.len().max(config.pool.endpoints.len()),
+        endpoint_count: loads.len().max(rt.pool.endpoints.len()),
         in_flight_requests: in_flight.0,
         in_flight_tokens: in_flight.1,
         now_ms,
@@ -129,19 +115,19 @@ fn ledger_in_flight(now_ms: u64) -> (u64, u64) {
 }
 
 fn queue_labels<'a>(
-    config: &'a Config,
+    rt: &'a Runtime,
     fairness_id: &'a str,
     priority: &'a str,
     model: &'a str,
 ) -> [&'a str; 5] {
-    [fairness_id, priority, &config.pool.name, model, model]
+    [fairness_id, priority, &rt.pool.name, model, model]
 }
 
 /// Records a request's final outcome in the queue metrics.
-fn finalize(config: &Config, w: &Waiting, outcome: Outcome, parked: bool, now_us: u64) {
+fn finalize(rt: &Runtime, w: &Waiting, outcome: Outcome, parked: bool, now_us: u64) {
     let priority = w.priority.to_string();
     if parked {
-        let labels = queue_labels(config, &w.fairness_id, &priority, &w.model);
+        let labels = queue_labels(rt, &w.fairness_id, &priority, &w.model);
         stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, -1);
         stats::add(
             &metrics::FLOW_QUEUE_BYTES,
@@ -155,7 +141,7 @@ fn finalize(config: &Config, w: &Waiting, outcome: Outcome, parked: bool, now_us
             &w.fairness_id,
             &priority,
             outcome.label(),
-            &config.pool.name,
+            &rt.pool.name,
             &w.model,
             &w.model,
         ],
@@ -166,35 +152,30 @@ fn finalize(config: &Config, w: &Waiting, outcome: Outcome, parked: bool, now_us
 /// Admits a request whose body has arrived (its stream is the current one).
 pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
     let tokens = concurrency::estimate_tokens(req.bytes);
-    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+    let Some(rt) = vm::runtime() else {
         return Admit::Go {
             flow_controlled: false,
             tokens,
         };
     };
-    let now_us = host::now_us().unwrap_or(0);
+    let now_us = host::clock_us();
     let now_ms = now_us / 1000;
-    if !config.flow.enabled {
-        // Legacy admission: only sheddable requests, only while saturated.
-        if req.priority < 0 {
-            // Flow control's own in-flight record is not kept with the gate off.
-            let loads = endpoint_loads(&config);
-            if pool_saturation(&config, &loads, ledger_in_flight(now_ms), now_ms) >= 1.0 {
-                return Admit::Reject(ApiError {
-                    status: 429,
-                    kind: "rate_limit_error",
-                    message: "system saturated, sheddable request dropped".into(),
-                    param: None,
-                });
-            }
-        }
-        return Admit::Go {
-            flow_controlled: false,
-            tokens,
+    if !rt.flow.enabled {
+        // Flow control's own in-flight record is not kept with the gate off: the ledger's.
+        let saturation = || {
+            let loads = endpoint_loads(&rt);
+            pool_saturation(&rt, &loads, ledger_in_flight(now_ms), now_ms)
+        };
+        return match legacy::admit(req.priority, saturation) {
+            Ok(()) => Admit::Go {
+                flow_controlled: false,
+                tokens,
+            },
+            Err(e) => Admit::Reject(e),
         };
     }
-    let loads = endpoint_loads(&config);
-    let control = &config.flow.control;
+    let loads = endpoint_loads(&rt);
+    let control = &rt.flow.control;
     let band = control.band(req.priority);
     let key = band.ordering.key(&OrderInputs {
         enqueue_ms: now_ms,
@@ -241,7 +222,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
                 control,
                 &band,
                 now_ms,
-                &|s| saturation(&config, &loads, s, now_ms),
+                &|s| saturation(&rt, &loads, s, now_ms),
                 &|skip| parked.heads(req.priority, req.fairness_id, skip, HEADS_PER_QUEUE),
             )
         });
@@ -255,20 +236,20 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         stats::record(
             &metrics::FLOW_ENQUEUE_DURATION,
             &[req.fairness_id, &priority, o.label()],
-            host::now_us().unwrap_or(now_us).saturating_sub(now_us),
+            host::clock_us().saturating_sub(now_us),
         );
     };
     match decided {
         Some(Ok(Admission::Dispatch)) => {
             outcome_label(Outcome::Dispatched);
-            finalize(&config, &waiting, Outcome::Dispatched, false, now_us);
+            finalize(&rt, &waiting, Outcome::Dispatched, false, now_us);
             Admit::Go {
                 flow_controlled: true,
                 tokens,
             }
         }
         Some(Ok(Admission::Queued)) => {
-            let labels = queue_labels(&config, req.fairness_id, &priority, req.model);
+            let labels = queue_labels(&rt, req.fairness_id, &priority, req.model);
             stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, 1);
             stats::add(
                 &metrics::FLOW_QUEUE_BYTES,
@@ -280,7 +261,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         Some(Ok(Admission::Rejected(limit))) => {
             let outcome = Outcome::RejectedCapacity(limit);
             outcome_label(outcome);
-            finalize(&config, &waiting, outcome, false, now_us);
+            finalize(&rt, &waiting, outcome, false, now_us);
             match outcome.error(control.default_ttl_ms) {
                 Some(e) => Admit::Reject(e),
                 None => Admit::Go {
@@ -310,15 +291,15 @@ pub fn finished(running: &Running, current: u32) {
     if !running.flow_controlled {
         return;
     }
-    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+    let Some(rt) = vm::runtime() else {
         return;
     };
     let me = vm::id();
-    let now_ms = host::now_ms().unwrap_or(0).unsigned_abs();
-    let loads = endpoint_loads(&config);
+    let now_ms = host::clock_ms().unsigned_abs();
+    let loads = endpoint_loads(&rt);
     let grants = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
         s.finish(me, running.tokens, now_ms);
-        dispatch_cycle(&config, &loads, s, now_ms)
+        dispatch_cycle(&rt, &loads, s, now_ms)
     });
     match grants {
         Ok(g) => deliver(&g, current),
@@ -327,25 +308,25 @@ pub fn finished(running: &Running, current: u32) {
 }
 
 fn dispatch_cycle(
-    config: &Config,
+    rt: &Runtime,
     loads: &[EndpointLoad],
     s: &mut FlowState,
     now_ms: u64,
 ) -> Vec<Grant> {
-    let started = host::now_us().unwrap_or(0);
-    let grants = s.dispatch(&config.flow.control, now_ms, MAX_WAKES_PER_CALLBACK, &|s| {
-        saturation(config, loads, s, now_ms)
+    let started = host::clock_us();
+    let grants = s.dispatch(&rt.flow.control, now_ms, MAX_WAKES_PER_CALLBACK, &|s| {
+        saturation(rt, loads, s, now_ms)
     });
-    let sat = saturation(config, loads, s, now_ms);
+    let sat = saturation(rt, loads, s, now_ms);
     stats::record(
         &metrics::FLOW_POOL_SATURATION,
-        &[&config.pool.name],
+        &[&rt.pool.name],
         (sat * 1000.0).round() as u64,
     );
     stats::record(
         &metrics::FLOW_DISPATCH_CYCLE_DURATION,
         &[],
-        host::now_us().unwrap_or(started).saturating_sub(started),
+        host::clock_us().saturating_sub(started),
     );
     grants
 }
@@ -397,7 +378,7 @@ fn nudge(target: u64) {
 /// Takes this VM's pending grants (bounded) and resumes that many parked streams.
 pub fn take_and_wake(current: u32) {
     let me = vm::id();
-    let now_ms = host::now_ms().unwrap_or(0).unsigned_abs();
+    let now_ms = host::clock_ms().unsigned_abs();
     let released = vm::with(|vm| {
         let parked = &vm.parked;
         let taken = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
@@ -445,11 +426,11 @@ pub fn take_and_wake(current: u32) {
 
 /// Resumes one released stream: route it, or answer it if it cannot be routed.
 fn wake(r: ParkedRequest<Waiting>, current: u32) {
-    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+    let Some(rt) = vm::runtime() else {
         return;
     };
     let me = vm::id();
-    let now_us = host::now_us().unwrap_or(0);
+    let now_us = host::clock_us();
     let w = r.data;
     let give_back = |tokens: u64| {
         let now_ms = now_us / 1000;
@@ -460,27 +441,22 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
     if vm::with(|vm| vm.draining).unwrap_or(false) {
         // The plugin is going away: a request released now is answered like the rest
         // of the parked ones (500), not sent upstream; its slot goes back to the pool.
-        finalize(&config, &w, Outcome::EvictedOther, true, now_us);
+        finalize(&rt, &w, Outcome::EvictedOther, true, now_us);
         give_back(w.tokens);
-        if host::set_effective_context(r.ctx).is_ok() {
-            if let Some(e) = Outcome::EvictedOther.error(config.flow.control.default_ttl_ms) {
+        if let Ok(_stream) = host::on_stream(r.ctx, current) {
+            if let Some(e) = Outcome::EvictedOther.error(rt.flow.control.default_ttl_ms) {
                 route::reply(&e, &w.model, &[]);
             }
         }
-        let _ = host::set_effective_context(current);
         return;
     }
-    finalize(&config, &w, Outcome::Dispatched, true, now_us);
-    if host::set_effective_context(r.ctx).is_err() {
+    finalize(&rt, &w, Outcome::Dispatched, true, now_us);
+    let Ok(_stream) = host::on_stream(r.ctx, current) else {
         // The stream is gone (its on_done has not run yet): free the slot.
         give_back(w.tokens);
         return;
-    }
-    let routed = match state::runtime() {
-        Some(rt) => route::route(me, r.ctx, &rt, &w.route, None, w.tokens),
-        None => Err(ApiError::internal("the filter is not configured")),
     };
-    match routed {
+    match route::route(me, r.ctx, &rt, &w.route, None, w.tokens) {
         Ok(endpoint) => {
             if let Err(status) = host::resume_request() {
                 log::error!("cannot resume a released request: status {status}");
@@ -502,7 +478,6 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
             route::reply(&e, &w.model, &[]);
         }
     }
-    let _ = host::set_effective_context(current);
 }
 
 /// A parked request's stream ended (client gone): remove it and free what it held.
@@ -511,23 +486,17 @@ pub fn cancelled(ctx: u32, current: u32) -> bool {
     let Some(Some(r)) = vm::with(|vm| vm.parked.remove(ctx)) else {
         return false;
     };
-    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+    let Some(rt) = vm::runtime() else {
         return true;
     };
-    let now_us = host::now_us().unwrap_or(0);
-    finalize(
-        &config,
-        &r.data,
-        Outcome::EvictedContextCancelled,
-        true,
-        now_us,
-    );
+    let now_us = host::clock_us();
+    finalize(&rt, &r.data, Outcome::EvictedContextCancelled, true, now_us);
     if let Some(Ok(Cancelled::GrantReturned)) = evict_from_state(&r) {
         // Its slot came back: give it to the next request.
         let now_ms = now_us / 1000;
-        let loads = endpoint_loads(&config);
+        let loads = endpoint_loads(&rt);
         if let Ok(g) = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
-            dispatch_cycle(&config, &loads, s, now_ms)
+            dispatch_cycle(&rt, &loads, s, now_ms)
         }) {
             deliver(&g, current);
         }
@@ -539,7 +508,7 @@ fn evict_from_state(
     r: &ParkedRequest<Waiting>,
 ) -> Option<Result<Cancelled, crate::shared_store::StoreError>> {
     let me = vm::id();
-    let now_ms = host::now_ms().unwrap_or(0).unsigned_abs();
+    let now_ms = host::clock_ms().unsigned_abs();
     vm::with(|vm| {
         let parked = &vm.parked;
         let (priority, id) = (r.flow.0, r.flow.1.as_str());
@@ -561,7 +530,7 @@ fn evict_from_state(
 /// Answers parked requests with `outcome`'s error (TTL expiry, shutdown), at most
 /// [`MAX_WAKES_PER_CALLBACK`]. Returns how many were answered.
 fn evict(ctxs: Vec<u32>, outcome: Outcome, current: u32) -> usize {
-    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+    let Some(rt) = vm::runtime() else {
         return 0;
     };
     let mut n = 0;
@@ -569,41 +538,40 @@ fn evict(ctxs: Vec<u32>, outcome: Outcome, current: u32) -> usize {
         let Some(Some(r)) = vm::with(|vm| vm.parked.remove(ctx)) else {
             continue;
         };
-        let now_us = host::now_us().unwrap_or(0);
-        finalize(&config, &r.data, outcome, true, now_us);
+        let now_us = host::clock_us();
+        finalize(&rt, &r.data, outcome, true, now_us);
         if let Some(Ok(Cancelled::GrantReturned)) = evict_from_state(&r) {
             log::debug!("an evicted request's grant was returned");
         }
-        if host::set_effective_context(ctx).is_ok() {
-            if let Some(e) = outcome.error(config.flow.control.default_ttl_ms) {
+        if let Ok(_stream) = host::on_stream(ctx, current) {
+            if let Some(e) = outcome.error(rt.flow.control.default_ttl_ms) {
                 route::reply(&e, &r.data.model, &[]);
             }
         }
         n += 1;
     }
-    let _ = host::set_effective_context(current);
     n
 }
 
 /// Periodic work of every VM (the root's tick): TTL expiry, grants whose message was
 /// lost, a dispatch cycle (saturation may have dropped), and liveness.
 pub fn on_tick(root: u32) {
-    let Some(config) = vm::with(|vm| vm.config.clone()) else {
+    let Some(rt) = vm::runtime() else {
         return;
     };
-    if !config.flow.enabled {
+    if !rt.flow.enabled {
         return;
     }
-    let now_ms = host::now_ms().unwrap_or(0).unsigned_abs();
+    let now_ms = host::clock_ms().unsigned_abs();
     let expired =
         vm::with(|vm| vm.parked.expired(now_ms, MAX_WAKES_PER_CALLBACK)).unwrap_or_default();
     evict(expired, Outcome::EvictedTtl, root);
     let me = vm::id();
-    let loads = endpoint_loads(&config);
+    let loads = endpoint_loads(&rt);
     let grants = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
         s.heartbeat(me, now_ms);
         if s.queued(None) > 0 {
-            dispatch_cycle(&config, &loads, s, now_ms)
+            dispatch_cycle(&rt, &loads, s, now_ms)
         } else {
             Vec::new()
         }

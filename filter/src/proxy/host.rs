@@ -157,12 +157,35 @@ pub fn now_ms() -> Result<i64, Status> {
     Ok(i64::try_from(ns / 1_000_000).unwrap_or(i64::MAX))
 }
 
-/// Host clock in microseconds since the Unix epoch.
-pub fn now_us() -> Result<u64, Status> {
-    let mut ns: u64 = 0;
-    // SAFETY: the out-pointer is valid for the call.
-    check(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
-    Ok(ns / 1_000)
+thread_local! {
+    /// The last clock reading that succeeded (ns).
+    static LAST_CLOCK_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The host clock (ns since the Unix epoch). A failed read is logged and gives the last
+/// good reading (never the epoch, which would make every deadline and lease look
+/// decades old).
+pub fn clock_ns() -> u64 {
+    match now_ns() {
+        Ok(ns) => {
+            LAST_CLOCK_NS.with(|c| c.set(ns));
+            ns
+        }
+        Err(status) => {
+            log::warn!("cannot read the host clock (status {status}); using the last reading");
+            LAST_CLOCK_NS.with(std::cell::Cell::get)
+        }
+    }
+}
+
+/// [`clock_ns`] in microseconds.
+pub fn clock_us() -> u64 {
+    clock_ns() / 1_000
+}
+
+/// [`clock_ns`] in milliseconds.
+pub fn clock_ms() -> i64 {
+    i64::try_from(clock_ns() / 1_000_000).unwrap_or(i64::MAX)
 }
 
 /// Sets this VM's root tick period.
@@ -379,6 +402,28 @@ pub fn resume_request() -> Result<(), Status> {
 pub fn set_effective_context(context_id: u32) -> Result<(), Status> {
     // SAFETY: plain value argument.
     check(unsafe { proxy_set_effective_context(context_id) })
+}
+
+/// While alive, another stream is the current one; dropping it makes `restore` current
+/// again (so host calls in between act on that stream, and nothing forgets to switch back).
+pub struct OnStream {
+    restore: u32,
+}
+
+/// Makes stream `ctx` current until the returned guard drops, then `restore`. `Err` when
+/// the stream is gone (then `restore` is current again at once).
+pub fn on_stream(ctx: u32, restore: u32) -> Result<OnStream, Status> {
+    let guard = OnStream { restore };
+    set_effective_context(ctx)?;
+    Ok(guard)
+}
+
+impl Drop for OnStream {
+    fn drop(&mut self) {
+        if let Err(status) = set_effective_context(self.restore) {
+            log::warn!("cannot restore context {}: status {status}", self.restore);
+        }
+    }
 }
 
 /// Registers (and takes over) the shared queue `name` for this VM; returns its id.

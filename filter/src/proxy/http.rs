@@ -10,53 +10,25 @@
 
 use super::flow::{self, Admit, RequestMeta};
 use super::route::RouteInput;
-use super::state::Runtime;
 use super::vm::{self, Running};
 use super::{host, host::Map, route, stats};
 use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
+use crate::headers::{
+    FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, SERVED, SESSION_TOKEN, SLO_TTFT, SUBSET,
+};
 use crate::metrics;
 use crate::openai::{parse_request, Api, InferenceRequest};
 use crate::rng::Rng;
-use crate::scheduler::scorers::session_affinity::{self, SESSION_HEADER};
+use crate::runtime::Runtime;
+use crate::scheduler::scorers::session_affinity;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
 
-/// Response header naming the endpoint that served.
-pub const SERVED: &str = "x-gateway-destination-endpoint-served";
-/// Fairness id header, and the router's alias.
-const FAIRNESS_ID: [&str; 2] = [
-    "x-gateway-inference-fairness-id",
-    "x-llm-d-inference-fairness-id",
-];
-/// Objective header, and the router's alias.
-const OBJECTIVE: [&str; 2] = [
-    "x-gateway-inference-objective",
-    "x-llm-d-inference-objective",
-];
-/// TTFT SLO header, and the router's name.
-const SLO_TTFT: [&str; 2] = [slo_deadline::HEADER, "x-llm-d-slo-ttft-ms"];
 /// The flow of requests without a fairness id.
 pub const DEFAULT_FAIRNESS_ID: &str = "default-flow";
-/// Model rewrite request headers (GIE name, router name).
-const REWRITE_HEADERS: [&str; 2] = ["x-gateway-model-name-rewrite", "x-llm-d-model-name-rewrite"];
-/// Headers a client must not pass upstream or set itself: the gateway owns them (the
-/// subset hint and the rewrite headers are read first).
-const SYSTEM_OWNED: [&str; 11] = [
-    route::DESTINATION,
-    route::PRIMARY,
-    route::PREFILLER,
-    SERVED,
-    route::SUBSET,
-    REWRITE_HEADERS[0],
-    REWRITE_HEADERS[1],
-    FAIRNESS_ID[0],
-    FAIRNESS_ID[1],
-    OBJECTIVE[0],
-    OBJECTIVE[1],
-];
 
 /// A model rewrite to undo in the response: `"model":"<sent>"` becomes the client's name.
 struct Rewritten {
@@ -109,7 +81,7 @@ impl Http {
             .clone()
             .unwrap_or_else(|| model.to_string());
         let draw = Rng::new(u64::from(self.id) ^ vm::id()).next_f64();
-        if let Some((_, t)) = self.rt.config.pool.rewrite(&target, draw) {
+        if let Some((_, t)) = self.rt.pool.rewrite(&target, draw) {
             target = t.to_string();
         }
         target
@@ -228,7 +200,7 @@ impl Context for Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.received_us = host::now_us().unwrap_or(0);
+        self.received_us = host::clock_us();
         self.path = host::header(Map::RequestHeaders, ":path")
             .ok()
             .flatten()
@@ -238,15 +210,15 @@ impl HttpContext for Http {
         }
         self.objective = first_header(&OBJECTIVE);
         self.slo_ttft_ms = slo_deadline::parse_header(first_header(&SLO_TTFT).as_deref());
-        self.subset = host::header(Map::RequestHeaders, route::SUBSET)
+        self.subset = host::header(Map::RequestHeaders, SUBSET)
             .ok()
             .flatten()
             .map(|v| parse_subset(&v));
-        self.rewrite_header = first_header(&REWRITE_HEADERS);
+        self.rewrite_header = first_header(&MODEL_REWRITE);
         if self.rt.sessions {
-            self.session = first_header(&[SESSION_HEADER]);
+            self.session = first_header(&[SESSION_TOKEN]);
         }
-        for name in SYSTEM_OWNED {
+        for name in GATEWAY_OWNED {
             if let Err(status) = host::remove_header(Map::RequestHeaders, name) {
                 log::warn!("cannot strip {name}: status {status}");
             }
@@ -260,7 +232,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let limit = self.rt.config.pool.max_request_body_bytes;
+        let limit = self.rt.pool.max_request_body_bytes;
         if body_size > limit {
             return self.reject(&ApiError::body_too_large(body_size, limit), "");
         }
@@ -308,7 +280,7 @@ impl HttpContext for Http {
         let input = self.route_input(Some(&request), &target, body.len());
         let meta = RequestMeta {
             fairness_id: &self.fairness_id,
-            priority: self.rt.config.pool.priority_of(self.objective.as_deref()),
+            priority: self.rt.pool.priority_of(self.objective.as_deref()),
             model: &request.model,
             bytes: u64::try_from(body.len()).unwrap_or(u64::MAX),
             received_us: self.received_us,
@@ -358,8 +330,8 @@ impl HttpContext for Http {
         }
         if self.rt.sessions {
             let token = session_affinity::token(&served);
-            if let Err(status) = host::set_header(Map::ResponseHeaders, SESSION_HEADER, &token) {
-                log::warn!("cannot set {SESSION_HEADER}: status {status}");
+            if let Err(status) = host::set_header(Map::ResponseHeaders, SESSION_TOKEN, &token) {
+                log::warn!("cannot set {SESSION_TOKEN}: status {status}");
             }
         }
         Action::Continue

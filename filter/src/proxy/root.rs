@@ -4,13 +4,12 @@
 //! callouts, and creates one [`Http`] context per request.
 
 use super::http::Http;
-use super::state::{self, Runtime};
 use super::{flow, host, scrape, stats, store::HostStore, vm};
-use crate::config::Config;
+use crate::inflight;
 use crate::metrics;
 use crate::prefix::shared::HEAD_KEY;
+use crate::runtime::{self, Runtime};
 use crate::shared_store::ensure;
-use crate::{inflight, registry};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::rc::Rc;
@@ -37,22 +36,6 @@ impl Root {
             runtime: None,
             last_heartbeat_ms: 0,
         }
-    }
-
-    fn load(text: &str) -> Result<Runtime, String> {
-        let config = Config::parse(text).map_err(|e| e.to_string())?;
-        let scheduler = registry::build(&config).map_err(|e| e.to_string())?;
-        let settings = registry::data_layer(&config).map_err(|e| e.to_string())?;
-        let sessions = config
-            .plugins
-            .iter()
-            .any(|p| p.type_name == "session-affinity-scorer");
-        Ok(Runtime {
-            config: Rc::new(config),
-            scheduler,
-            settings,
-            sessions,
-        })
     }
 }
 
@@ -89,7 +72,7 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let rt = match Self::load(&String::from_utf8_lossy(&text)) {
+        let rt = match runtime::load(&String::from_utf8_lossy(&text)) {
             Ok(rt) => Rc::new(rt),
             Err(e) => {
                 // Envoy refuses the filter and logs this line: the user sees why.
@@ -97,7 +80,7 @@ impl RootContext for Root {
                 return false;
             }
         };
-        if rt.config.pool.endpoints.is_empty() && rt.config.pool.discovery.is_none() {
+        if rt.pool.endpoints.is_empty() && rt.pool.discovery.is_none() {
             log::warn!(
                 "pool.endpoints is empty and no discovery is configured: every request will get 503"
             );
@@ -108,13 +91,12 @@ impl RootContext for Root {
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default();
         let root = self.id;
-        let config = rt.config.clone();
+        let runtime = rt.clone();
         vm::with(|vm| {
-            vm.config = config;
+            vm.runtime = Some(runtime);
             vm.root_context = root;
             vm.plugin_vm_id = plugin_vm_id;
         });
-        state::set_runtime(rt.clone());
         vm::id();
         for key in [inflight::LEDGER_KEY, HEAD_KEY] {
             if let Err(e) = ensure(&HostStore, key) {
@@ -122,14 +104,14 @@ impl RootContext for Root {
             }
         }
         let mut tick = IDLE_TICK_MS;
-        if rt.config.flow.enabled {
+        if rt.flow.enabled {
             flow::configure();
             tick = FLOW_TICK_MS;
         }
-        if rt.settings.enabled {
-            tick = tick.min(rt.settings.interval_ms);
+        if rt.data_layer.enabled {
+            tick = tick.min(rt.data_layer.interval_ms);
         }
-        if let Some(d) = &rt.config.pool.discovery {
+        if let Some(d) = &rt.pool.discovery {
             tick = tick.min(d.refresh_ms);
         }
         if let Err(status) = host::set_tick_period_ms(u32::try_from(tick.max(1)).unwrap_or(1_000)) {
@@ -142,7 +124,7 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        let Ok(now) = host::now_ms() else { return };
+        let now = host::clock_ms();
         let id = vm::id();
         if now.saturating_sub(self.last_heartbeat_ms) >= HEARTBEAT_MS {
             self.last_heartbeat_ms = now;

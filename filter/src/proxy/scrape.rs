@@ -8,15 +8,16 @@
 //! at the next tick). An endpoint whose scrape fails is marked `failing` (not a candidate)
 //! until a scrape succeeds again.
 
-use super::state::{self, Runtime};
-use super::{host, stats, store::HostStore};
-use crate::config::Endpoint;
+use super::{host, stats, store::HostStore, vm};
 use crate::datalayer::discovery::{parse_clusters, Discovered, DISCOVERED_KEY};
 use crate::datalayer::snapshot::{
     pool_stats, EndpointSnapshot, Snapshots, Version, SNAPSHOTS_KEY, VERSION_KEY,
 };
 use crate::datalayer::{lease, mapping, prometheus};
+use crate::endpoint::Endpoint;
 use crate::metrics;
+use crate::prefix::shared;
+use crate::runtime::Runtime;
 use crate::shared_store::{read, update};
 use hashbrown::HashMap;
 use prost::Message;
@@ -49,7 +50,7 @@ const GAUGE_PERIOD_MS: i64 = 1_000;
 
 /// One tick of this VM.
 pub fn tick(rt: &Runtime, vm: u64, now: i64) {
-    let ttl = lease::ttl_ms(rt.settings.interval_ms);
+    let ttl = lease::ttl_ms(rt.data_layer.interval_ms);
     let holder = match lease::try_acquire(&HostStore, vm, now, ttl) {
         Ok(h) => h,
         Err(e) => {
@@ -69,13 +70,13 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
         }
         // Callouts older than their timeout are abandoned (Envoy answers them with a 504,
         // which we may never see if the VM was busy).
-        let timeout = i64::try_from(rt.settings.timeout_ms).unwrap_or(i64::MAX);
+        let timeout = i64::try_from(rt.data_layer.timeout_ms).unwrap_or(i64::MAX);
         s.pending
             .retain(|_, (_, sent)| now.saturating_sub(*sent) <= timeout.saturating_add(1_000));
         if s.dirty {
             publish(&mut s, now);
         }
-        if let Some(d) = &rt.config.pool.discovery {
+        if let Some(d) = &rt.pool.discovery {
             let period = i64::try_from(d.refresh_ms).unwrap_or(i64::MAX);
             let waiting = s
                 .pending
@@ -88,7 +89,7 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
                     (":path", "/clusters?format=json"),
                     (":authority", "envoy-admin"),
                 ];
-                match host::http_call(&d.admin_cluster, &headers, rt.settings.timeout_ms) {
+                match host::http_call(&d.admin_cluster, &headers, rt.data_layer.timeout_ms) {
                     Ok(token) => {
                         s.pending.insert(token, (Pending::Discovery, now));
                     }
@@ -99,8 +100,8 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
                 }
             }
         }
-        if rt.settings.enabled {
-            let interval = i64::try_from(rt.settings.interval_ms).unwrap_or(i64::MAX);
+        if rt.data_layer.enabled {
+            let interval = i64::try_from(rt.data_layer.interval_ms).unwrap_or(i64::MAX);
             let busy = s
                 .pending
                 .values()
@@ -118,11 +119,15 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
                 for e in endpoints {
                     let headers = [
                         (":method", "GET"),
-                        (":path", rt.settings.path.as_str()),
+                        (":path", rt.data_layer.path.as_str()),
                         (":authority", e.address.as_str()),
                         ("x-envoy-original-dst-host", e.address.as_str()),
                     ];
-                    match host::http_call(&rt.settings.cluster, &headers, rt.settings.timeout_ms) {
+                    match host::http_call(
+                        &rt.data_layer.cluster,
+                        &headers,
+                        rt.data_layer.timeout_ms,
+                    ) {
                         Ok(token) => {
                             s.pending.insert(
                                 token,
@@ -149,8 +154,13 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
 }
 
 fn endpoints(rt: &Runtime) -> Vec<Endpoint> {
-    let discovered = state::with_view(rt.config.pool.discovery.is_some(), |v| v.discovered.clone());
-    let mut out = rt.config.pool.endpoints.clone();
+    let discovery = rt.pool.discovery.is_some();
+    let discovered = vm::with(|vm| {
+        vm.view.refresh(discovery);
+        vm.view.discovered.clone()
+    })
+    .unwrap_or_default();
+    let mut out = rt.pool.endpoints.clone();
     for e in discovered {
         if !out.iter().any(|x| x.address == e.address) {
             out.push(e);
@@ -161,7 +171,7 @@ fn endpoints(rt: &Runtime) -> Vec<Endpoint> {
 
 /// An HTTP callout answered (or failed: no `:status`).
 pub fn on_response(rt: &Runtime, token: u32, body_size: usize) {
-    let now = host::now_ms().unwrap_or(0);
+    let now = host::clock_ms();
     SCRAPER.with(|s| {
         let mut s = s.borrow_mut();
         let Some((pending, _)) = s.pending.remove(&token) else {
@@ -178,7 +188,7 @@ pub fn on_response(rt: &Runtime, token: u32, body_size: usize) {
         };
         match pending {
             Pending::Discovery => {
-                let Some(d) = &rt.config.pool.discovery else { return };
+                let Some(d) = &rt.pool.discovery else { return };
                 if status != "200" {
                     log::warn!("admin /clusters answered `{status}`");
                     return;
@@ -203,14 +213,13 @@ pub fn on_response(rt: &Runtime, token: u32, body_size: usize) {
                     let text = String::from_utf8_lossy(&body);
                     let parsed = prometheus::parse(&text);
                     let labels = rt
-                        .config
                         .pool
                         .endpoints
                         .iter()
                         .find(|e| e.address == address)
                         .map(|e| e.labels.clone())
                         .unwrap_or_default();
-                    let engine = rt.settings.mapping.engine_for(&labels);
+                    let engine = rt.data_layer.mapping.engine_for(&labels);
                     match engine.and_then(|e| mapping::extract(e, &parsed.samples, now)) {
                         Some(m) => EndpointSnapshot::from_metrics(&address, &m),
                         None => EndpointSnapshot {
@@ -288,7 +297,7 @@ fn publish(s: &mut Scraper, now: i64) {
 }
 
 fn gauges(rt: &Runtime, s: &mut Scraper, vm: u64, now: i64) {
-    let name = rt.config.pool.name.as_str();
+    let name = rt.pool.name.as_str();
     let snaps: Vec<EndpointSnapshot> = s.results.values().cloned().collect();
     let p = pool_stats(&snaps, now);
     let round = |v: f64| {
@@ -319,12 +328,19 @@ fn gauges(rt: &Runtime, s: &mut Scraper, vm: u64, now: i64) {
         stats::set(&metrics::POOL_PER_POD_QUEUE, &[name, &e.address], e.waiting);
         pods.push(e.address.clone());
     }
-    // Endpoints that left the pool read 0 rather than a frozen value (§15 #27).
+    // Endpoints that left the pool read 0 rather than a frozen value.
     for gone in s.gauge_pods.iter().filter(|a| !pods.contains(a)) {
         stats::set(&metrics::POOL_PER_POD_QUEUE, &[name, gone], 0);
     }
     s.gauge_pods = pods;
     // This VM may not pick at all (the main thread's): catch its index up first.
-    let size = u64::try_from(state::with_prefix(vm, |ix, _| ix.size())).unwrap_or(u64::MAX);
+    let size = vm::with(|state| {
+        if let Err(e) = shared::sync(&HostStore, vm, &mut state.prefix, &mut state.cursor) {
+            log::debug!("prefix log sync failed: {e:?}");
+        }
+        state.prefix.size()
+    })
+    .unwrap_or(0);
+    let size = u64::try_from(size).unwrap_or(u64::MAX);
     stats::set(&metrics::PREFIX_INDEXER_SIZE, &[], size);
 }

@@ -1,10 +1,14 @@
-//! This VM's state, shared by its root context and its HTTP contexts. Envoy runs one
-//! VM per thread, so a thread-local is the VM's memory. Access goes through [`with`],
-//! which never nests (a nested borrow would panic and kill the VM: it logs instead).
+//! This VM's state, shared by its root context and its HTTP contexts: one record, in
+//! one thread-local (Envoy runs one VM per thread, so a thread-local is the VM's memory).
+//! Access goes through [`with`], which never nests (a nested borrow would panic and kill
+//! the VM: it logs instead).
 
+use super::state::View;
 use super::{host, store::HostStore};
-use crate::config::Config;
 use crate::flow_control::parked::Parked;
+use crate::prefix::index::PrefixIndex;
+use crate::prefix::shared::Cursor;
+use crate::runtime::Runtime;
 use crate::shared_store::update;
 use prost::Message;
 use std::cell::RefCell;
@@ -53,8 +57,14 @@ pub struct Vm {
     pub id: u64,
     /// The root context's id (to restore after waking other streams).
     pub root_context: u32,
-    /// The current configuration.
-    pub config: Rc<Config>,
+    /// The configuration this VM runs (the root context's; `None` until configured).
+    pub runtime: Option<Rc<Runtime>>,
+    /// The prefix index, kept in step with every worker's picks through the shared log.
+    pub prefix: PrefixIndex,
+    /// How far this VM has read the shared prefix log.
+    pub cursor: Cursor,
+    /// This VM's view of the snapshots and discovered endpoints.
+    pub view: View,
     /// Requests parked by flow control on this VM.
     pub parked: Parked<Waiting>,
     /// Requests routed upstream from this VM, by context id.
@@ -71,6 +81,11 @@ pub struct Vm {
 
 thread_local! {
     static VM: RefCell<Vm> = RefCell::new(Vm::default());
+}
+
+/// This VM's runtime, once configured.
+pub fn runtime() -> Option<Rc<Runtime>> {
+    with(|vm| vm.runtime.clone()).flatten()
 }
 
 /// Runs `f` on the VM state; `None` (logged) if the state is already borrowed.

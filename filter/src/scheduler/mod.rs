@@ -18,69 +18,10 @@ use crate::prefix::hash::hash_prompt;
 use crate::prefix::index::{PrefixIndex, PrefixMatch};
 use crate::prefix::{PrefixConfig, CHARS_PER_TOKEN};
 use crate::rng::Rng;
-use std::collections::BTreeMap;
 
+pub use crate::endpoint::{Candidate, Metrics};
 pub use handlers::Handler;
 pub use profile::Profile;
-
-/// Model-server metrics of one endpoint, as the data layer publishes them.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Metrics {
-    /// Requests waiting in the engine's queue (`num_requests_waiting`).
-    pub waiting: u64,
-    /// Requests running (`num_requests_running`).
-    pub running: u64,
-    /// KV-cache usage, 0..1 (`kv_cache_usage_perc`).
-    pub kv_usage: f64,
-    /// LoRA adapters running.
-    pub active_models: Vec<String>,
-    /// LoRA adapters waiting.
-    pub waiting_models: Vec<String>,
-    /// `max_lora`.
-    pub max_lora: Option<u64>,
-    /// KV block size in tokens (`cache_config_info{block_size}`).
-    pub block_size: Option<u64>,
-    /// KV blocks (`cache_config_info{num_gpu_blocks}`).
-    pub num_blocks: Option<u64>,
-    /// When the metrics were scraped (ms); `None` if never.
-    pub updated_ms: Option<i64>,
-}
-
-/// An endpoint the scheduler may choose.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Candidate {
-    /// `ip:port`.
-    pub address: String,
-    /// Its labels.
-    pub labels: BTreeMap<String, String>,
-    /// Its latest metrics.
-    pub metrics: Metrics,
-    /// Requests in flight through this gateway (all workers).
-    pub in_flight: u64,
-    /// Estimated tokens in flight through this gateway (all workers).
-    pub in_flight_tokens: u64,
-}
-
-impl Candidate {
-    /// Requests waiting at the engine, as well as we know now: the scraped queue, or, when
-    /// this gateway has more requests in flight there than the engine reported running,
-    /// the excess (dispatches made since the last scrape, which it cannot show yet; the
-    /// idea of llm-d PR #2066). Without it a burst between two scrapes sees equal queues
-    /// everywhere and piles onto one endpoint (§15 #15).
-    pub fn waiting_estimate(&self) -> u64 {
-        self.metrics
-            .waiting
-            .max(self.in_flight.saturating_sub(self.metrics.running))
-    }
-
-    /// A candidate with an address and nothing else.
-    pub fn new(address: &str) -> Self {
-        Self {
-            address: address.to_string(),
-            ..Self::default()
-        }
-    }
-}
 
 /// What the scheduler knows of a request.
 #[derive(Debug, Clone, Copy, Default)]
@@ -289,7 +230,7 @@ impl std::fmt::Display for ScheduleError {
     }
 }
 
-/// The configured scheduler (built by [`crate::registry::build`]).
+/// The configured scheduler (built by `crate::runtime::load`).
 pub struct Scheduler {
     /// Profiles by name, in configuration order.
     pub profiles: Vec<Profile>,

@@ -3,12 +3,10 @@
 use super::handlers::pd::ROLE_LABEL;
 use super::testing::candidates;
 use super::*;
-use crate::config::Config;
-use crate::registry;
 use wasm_bindgen_test::wasm_bindgen_test;
 
 fn scheduler(json: &str) -> Scheduler {
-    registry::build(&Config::parse(json).unwrap()).unwrap()
+    crate::runtime::load(json).unwrap().scheduler
 }
 
 fn pick(

@@ -6,9 +6,6 @@ use super::{OrderInputs, OrderKey, FAR_FUTURE};
 /// Plugin type name.
 pub const TYPE: &str = "slo-deadline-ordering-policy";
 
-/// The request header carrying the TTFT SLO in integer milliseconds.
-pub const HEADER: &str = "x-slo-ttft-ms";
-
 /// (SLO deadline, arrival).
 pub fn key(r: &OrderInputs) -> OrderKey {
     let deadline = r

@@ -19,6 +19,25 @@ pub struct EndpointLoad {
     pub updated_ms: Option<u64>,
 }
 
+impl EndpointLoad {
+    /// The load of an endpoint with `waiting` requests queued and `kv_usage` KV use,
+    /// scraped at `updated_ms` (`None`: never scraped, or its scrape failed).
+    pub fn scraped(waiting: u64, kv_usage: f64, updated_ms: Option<i64>) -> Self {
+        Self {
+            waiting: waiting as f64,
+            kv_usage,
+            updated_ms: updated_ms.and_then(|t| u64::try_from(t).ok()),
+        }
+    }
+
+    /// The load of an endpoint whose metrics are unknown (reads as never scraped).
+    pub const UNKNOWN: Self = Self {
+        waiting: 0.0,
+        kv_usage: 0.0,
+        updated_ms: None,
+    };
+}
+
 /// The pool as the detectors see it at one instant.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolLoad<'a> {

@@ -2,9 +2,15 @@
 //! every `matchLabels` pair, and every `matchExpressions` entry (`In`, `NotIn`, `Exists`,
 //! `DoesNotExist`; as in Kubernetes, `NotIn` matches an endpoint without the label).
 
+use crate::config::validate::{as_array, as_object, as_str, err};
+use crate::config::{ConfigError, Params};
 use crate::rng::Rng;
 use crate::scheduler::{Cycle, Filter};
+use serde_json::Value;
 use std::collections::BTreeMap;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "label-selector-filter";
 
 /// A selector operator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +69,61 @@ impl Filter for LabelSelector {
             })
             .collect()
     }
+}
+
+impl LabelSelector {
+    /// Builds the filter from its `parameters`: `matchLabels` and `matchExpressions`.
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let p = Params::new(Some(v), path, &["matchLabels", "matchExpressions"])?;
+        let mut selector = Selector::default();
+        if let Some(v) = p.get("matchLabels") {
+            let path = p.path("matchLabels");
+            for (k, v) in as_object(v, &path)? {
+                selector
+                    .match_labels
+                    .insert(k.clone(), as_str(v, &format!("{path}.{k}"))?.to_string());
+            }
+        }
+        if let Some(v) = p.get("matchExpressions") {
+            let path = p.path("matchExpressions");
+            for (i, e) in as_array(v, &path)?.iter().enumerate() {
+                selector
+                    .match_expressions
+                    .push(expression(e, &format!("{path}[{i}]"))?);
+            }
+        }
+        Ok(Self { selector })
+    }
+}
+
+/// One `matchExpressions` entry: `{key, operator, values}`.
+fn expression(v: &Value, path: &str) -> Result<(String, Operator), ConfigError> {
+    let e = Params::new(Some(v), path, &["key", "operator", "values"])?;
+    let key = e.string("key", "")?;
+    if key.is_empty() {
+        return Err(err(&e.path("key"), "missing"));
+    }
+    let values: Vec<String> = match e.get("values") {
+        Some(v) => as_array(v, &e.path("values"))?
+            .iter()
+            .enumerate()
+            .map(|(j, x)| as_str(x, &format!("{path}.values[{j}]")).map(str::to_string))
+            .collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
+    let op = match e.string("operator", "")?.as_str() {
+        "In" => Operator::In(values),
+        "NotIn" => Operator::NotIn(values),
+        "Exists" => Operator::Exists,
+        "DoesNotExist" => Operator::DoesNotExist,
+        other => {
+            return Err(err(
+                &e.path("operator"),
+                format!("unknown operator \"{other}\"; use In, NotIn, Exists or DoesNotExist"),
+            ))
+        }
+    };
+    Ok((key, op))
 }
 
 #[cfg(test)]

@@ -13,8 +13,14 @@
 //! predictions and without them its gate does nothing, §15 #22; this one always works.)
 //! Defaults are GIE's: threshold 0.80, exploration 0.01, penalty 5000 ms.
 
+use crate::config::validate::err;
+use crate::config::{ConfigError, Params};
 use crate::rng::Rng;
 use crate::scheduler::{Cycle, Filter};
+use serde_json::Value;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "prefix-cache-affinity-filter";
 
 /// Default `peakPrefillThroughput` (tokens/s), the router's calibration.
 pub const DEFAULT_PEAK_PREFILL_THROUGHPUT: f64 = 15_928.0;
@@ -75,6 +81,41 @@ impl Filter for PrefixAffinity {
             }
         }
         sticky
+    }
+}
+
+impl PrefixAffinity {
+    /// Builds the filter from its `parameters` (defaults as in [`PrefixAffinity::default`]).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let p = Params::new(
+            Some(v),
+            path,
+            &[
+                "affinityThreshold",
+                "explorationProbability",
+                "maxTTFTPenaltyMs",
+                "ttftSource",
+                "peakPrefillThroughput",
+            ],
+        )?;
+        let threshold = p.f64("affinityThreshold", 0.80)?;
+        if threshold > 1.0 {
+            return Err(err(
+                &p.path("affinityThreshold"),
+                format!("must be at most 1.0, got {threshold}"),
+            ));
+        }
+        p.only("ttftSource", "prefillThroughput")?;
+        let peak = p.f64("peakPrefillThroughput", DEFAULT_PEAK_PREFILL_THROUGHPUT)?;
+        if peak <= 0.0 {
+            return Err(err(&p.path("peakPrefillThroughput"), "must be positive"));
+        }
+        Ok(Self {
+            threshold,
+            exploration: p.unit("explorationProbability", 0.01)?,
+            max_ttft_penalty_ms: p.non_negative("maxTTFTPenaltyMs", 5000.0)?,
+            peak_prefill_throughput: peak,
+        })
     }
 }
 

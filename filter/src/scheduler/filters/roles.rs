@@ -5,9 +5,16 @@
 //! | `decode-endpoints-filter` (`decode-filter`) | decode, prefill-decode, both, encode-prefill-decode, and endpoints **without** the label |
 //! | `prefill-endpoints-filter` (`prefill-filter`) | prefill, encode-prefill, prefill-decode, both, encode-prefill-decode |
 
+use crate::config::{ConfigError, Params};
 use crate::rng::Rng;
 use crate::scheduler::handlers::pd::ROLE_LABEL;
 use crate::scheduler::{Cycle, Filter};
+use serde_json::Value;
+
+/// Type names in `EndpointPickerConfig`: the prefill filter and its short name.
+pub const PREFILL_TYPES: [&str; 2] = ["prefill-endpoints-filter", "prefill-filter"];
+/// Type names in `EndpointPickerConfig`: the decode filter and its short name.
+pub const DECODE_TYPES: [&str; 2] = ["decode-endpoints-filter", "decode-filter"];
 
 /// Which role a filter keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +61,14 @@ impl Filter for RoleFilter {
                 })
             })
             .collect()
+    }
+}
+
+impl RoleFilter {
+    /// Builds the filter keeping `role` from its `parameters` (it takes none).
+    pub fn from_parameters(role: Role, v: &Value, path: &str) -> Result<Self, ConfigError> {
+        Params::new(Some(v), path, &[])?;
+        Ok(Self { role })
     }
 }
 

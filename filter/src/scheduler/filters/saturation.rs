@@ -8,9 +8,18 @@
 //! * `concurrency-detector`: keeps an endpoint whose in-flight load (requests, or tokens
 //!   in `tokens` mode) is below `int(capacity·(1+headroom))`; no fail-open.
 
-use crate::flow_control::saturation::{concurrency, utilization, EndpointLoad};
+use crate::flow_control::saturation::{concurrency, utilization, Detector, EndpointLoad};
 use crate::rng::Rng;
 use crate::scheduler::{Cycle, Filter};
+use std::rc::Rc;
+
+/// A configured detector in its filter role.
+pub fn filter_of(detector: &Detector) -> Rc<dyn Filter> {
+    match detector {
+        Detector::Utilization(d) => Rc::new(Utilization(d.clone())),
+        Detector::Concurrency(d) => Rc::new(Concurrency(d.clone())),
+    }
+}
 
 /// `utilization-detector` as a filter (parameters and formula: [`utilization::Params::keep`]).
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -21,16 +30,12 @@ impl Filter for Utilization {
         let loads: Vec<EndpointLoad> = endpoints
             .iter()
             .map(|&i| match cx.candidate(i) {
-                Some(c) => EndpointLoad {
-                    waiting: c.metrics.waiting as f64,
-                    kv_usage: c.metrics.kv_usage,
-                    updated_ms: c.metrics.updated_ms.and_then(|t| u64::try_from(t).ok()),
-                },
-                None => EndpointLoad {
-                    waiting: 0.0,
-                    kv_usage: 0.0,
-                    updated_ms: None,
-                },
+                Some(c) => EndpointLoad::scraped(
+                    c.metrics.waiting,
+                    c.metrics.kv_usage,
+                    c.metrics.updated_ms,
+                ),
+                None => EndpointLoad::UNKNOWN,
             })
             .collect();
         let now = u64::try_from(cx.request.now_ms).unwrap_or(0);

@@ -10,13 +10,25 @@
 //! (`nonCachedTokens` 0 = never), using the chosen decode endpoint's prefix match; no
 //! match information means no disaggregation. `always-disagg-pd-decider`: always.
 //!
-//! Deliberate difference from the reference (§15 #24): when disaggregation is decided but
+//! Deliberate difference from the reference: when disaggregation is decided but
 //! the prefill profile finds no endpoint, the request still runs decode-only, but the
 //! outcome says so (`disaggregated` true, `prefill` none) and the proxy logs it.
 
 use super::{Outcome, Scheduler};
+use crate::config::validate::{as_str, err};
+use crate::config::{ConfigError, Params};
 use crate::rng::Rng;
 use crate::scheduler::{Cycle, Probe, ScheduleError};
+use serde_json::Value;
+
+/// The handler's type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "disagg-profile-handler";
+/// The prefix-based decider's type name.
+pub const PREFIX_BASED_DECIDER: &str = "prefix-based-pd-decider";
+/// The always-disaggregate decider's type name.
+pub const ALWAYS_DECIDER: &str = "always-disagg-pd-decider";
+/// The handler's parameters.
+pub const PARAMETERS: &[&str] = &["profiles", "deciders", "stageOrder"];
 
 /// Role label key of P/D endpoints.
 pub const ROLE_LABEL: &str = "llm-d.ai/role";
@@ -105,6 +117,95 @@ impl Disagg {
             primary,
             prefill,
             disaggregated,
+        })
+    }
+}
+
+impl Decider {
+    /// `prefix-based-pd-decider` from its `parameters`: `nonCachedTokens`, `promptTokens`.
+    pub fn prefix_based(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let p = Params::new(Some(v), path, &["nonCachedTokens", "promptTokens"])?;
+        let nc = p.i64("nonCachedTokens", 0)?;
+        let pt = p.i64("promptTokens", 0)?;
+        if nc < 0 || pt < 0 {
+            let f = if nc < 0 {
+                "nonCachedTokens"
+            } else {
+                "promptTokens"
+            };
+            return Err(err(&p.path(f), "must not be negative"));
+        }
+        Ok(Decider::PrefixBased {
+            non_cached_tokens: nc.unsigned_abs(),
+            prompt_tokens: pt.unsigned_abs(),
+        })
+    }
+
+    /// `always-disagg-pd-decider` from its `parameters` (it takes none).
+    pub fn always(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        Params::new(Some(v), path, &[])?;
+        Ok(Decider::Always)
+    }
+}
+
+impl Disagg {
+    /// Builds the handler from its `parameters` (`path`): `profiles` (`decode`, `prefill`
+    /// profile names, which must exist among `profiles`), `deciders.prefill` (a declared
+    /// decider, looked up with `decider`) and `stageOrder` (only `decode-first`).
+    pub fn from_parameters(
+        v: &Value,
+        path: &str,
+        profiles: &[&str],
+        decider: impl Fn(&str) -> Option<Decider>,
+    ) -> Result<Self, ConfigError> {
+        let params = Params::new(Some(v), path, PARAMETERS)?;
+        let mut decode = "decode".to_string();
+        let mut prefill = "prefill".to_string();
+        if let Some(v) = params.get("profiles") {
+            let pp = Params::new(
+                Some(v),
+                &params.path("profiles"),
+                &["decode", "prefill", "encode"],
+            )?;
+            decode = pp.string("decode", "decode")?;
+            prefill = pp.string("prefill", "prefill")?;
+            for (field, name) in [("decode", &decode), ("prefill", &prefill)] {
+                if !profiles.contains(&name.as_str()) {
+                    return Err(err(
+                        &pp.path(field),
+                        format!("no scheduling profile is named \"{name}\""),
+                    ));
+                }
+            }
+        } else {
+            for name in [&decode, &prefill] {
+                if !profiles.contains(&name.as_str()) {
+                    return Err(err(
+                        path,
+                        format!("disagg-profile-handler needs a scheduling profile named \"{name}\" (or set profiles.{name})"),
+                    ));
+                }
+            }
+        }
+        params.only("stageOrder", "decode-first")?;
+        let mut chosen = Decider::Always;
+        if let Some(v) = params.get("deciders") {
+            let dp = Params::new(Some(v), &params.path("deciders"), &["prefill", "encode"])?;
+            if let Some(r) = dp.get("prefill") {
+                let rp = dp.path("prefill");
+                let name = as_str(r, &rp)?;
+                chosen = decider(name).ok_or_else(|| {
+                    err(
+                        &rp,
+                        format!("\"{name}\" is not a declared P/D decider plugin"),
+                    )
+                })?;
+            }
+        }
+        Ok(Self {
+            decode,
+            prefill,
+            decider: chosen,
         })
     }
 }

@@ -4,6 +4,9 @@ use super::{Outcome, Scheduler};
 use crate::rng::Rng;
 use crate::scheduler::{Cycle, Probe, ScheduleError};
 
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "single-profile-handler";
+
 /// The single-profile handler.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Single;

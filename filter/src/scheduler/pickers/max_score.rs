@@ -6,8 +6,13 @@
 //! gateway first, and only then at random: with stale or equal metrics a burst spreads
 //! instead of piling onto one endpoint (the reference's §15 #15).
 
+use crate::config::{ConfigError, Params};
 use crate::rng::Rng;
 use crate::scheduler::Picker;
+use serde_json::Value;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "max-score-picker";
 
 /// The max-score picker.
 #[derive(Debug)]
@@ -45,6 +50,16 @@ impl Picker for MaxScore {
             .take(self.max_endpoints)
             .map(|(i, _, _)| i)
             .collect()
+    }
+}
+
+impl MaxScore {
+    /// Builds the picker from its `parameters`: `maxNumOfEndpoints` (default 1).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let p = Params::new(Some(v), path, &["maxNumOfEndpoints"])?;
+        Ok(Self {
+            max_endpoints: super::max_endpoints(p.i64("maxNumOfEndpoints", 1)?),
+        })
     }
 }
 

@@ -1,7 +1,12 @@
 //! `random-picker`: a uniform shuffle, then the first N.
 
+use crate::config::{ConfigError, Params};
 use crate::rng::Rng;
 use crate::scheduler::Picker;
+use serde_json::Value;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "random-picker";
 
 /// The random picker.
 #[derive(Debug)]
@@ -18,6 +23,16 @@ impl Picker for Random {
             .take(self.max_endpoints)
             .map(|(i, _)| i)
             .collect()
+    }
+}
+
+impl Random {
+    /// Builds the picker from its `parameters`: `maxNumOfEndpoints` (default 1).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let p = Params::new(Some(v), path, &["maxNumOfEndpoints"])?;
+        Ok(Self {
+            max_endpoints: super::max_endpoints(p.i64("maxNumOfEndpoints", 1)?),
+        })
     }
 }
 

@@ -4,8 +4,13 @@
 //! are the weighted sums, so they may exceed 1.
 
 use super::random::Random;
+use crate::config::{ConfigError, Params};
 use crate::rng::Rng;
 use crate::scheduler::Picker;
+use serde_json::Value;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "weighted-random-picker";
 
 /// The weighted random picker.
 #[derive(Debug)]
@@ -39,6 +44,16 @@ impl Picker for WeightedRandom {
             .take(self.max_endpoints)
             .map(|(i, _)| i)
             .collect()
+    }
+}
+
+impl WeightedRandom {
+    /// Builds the picker from its `parameters`: `maxNumOfEndpoints` (default 1).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let p = Params::new(Some(v), path, &["maxNumOfEndpoints"])?;
+        Ok(Self {
+            max_endpoints: super::max_endpoints(p.i64("maxNumOfEndpoints", 1)?),
+        })
     }
 }
 

@@ -1,6 +1,11 @@
 //! `kv-cache-utilization-scorer`: `1 − KVCacheUsagePercent` (usage is a 0..1 fraction).
 
+use crate::config::{ConfigError, Params};
 use crate::scheduler::{Cycle, Scorer};
+use serde_json::Value;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "kv-cache-utilization-scorer";
 
 /// The KV-cache utilization scorer.
 #[derive(Debug, Default)]
@@ -12,6 +17,14 @@ impl Scorer for KvCache {
             .iter()
             .map(|&i| cx.candidate(i).map_or(0.0, |c| 1.0 - c.metrics.kv_usage))
             .collect()
+    }
+}
+
+impl KvCache {
+    /// Builds the scorer from its `parameters` (it takes none).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        Params::new(Some(v), path, &[])?;
+        Ok(Self)
     }
 }
 

@@ -2,7 +2,12 @@
 //! 1.0 if the adapter is running; else 0.8 if `active + waiting < max_lora`; else 0.6 if
 //! it is waiting; else 0.
 
+use crate::config::{ConfigError, Params};
 use crate::scheduler::{Cycle, Scorer};
+use serde_json::Value;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "lora-affinity-scorer";
 
 /// The LoRA affinity scorer.
 #[derive(Debug, Default)]
@@ -28,6 +33,14 @@ impl Scorer for LoraAffinity {
                 }
             })
             .collect()
+    }
+}
+
+impl LoraAffinity {
+    /// Builds the scorer from its `parameters` (it takes none).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        Params::new(Some(v), path, &[])?;
+        Ok(Self)
     }
 }
 

@@ -10,9 +10,14 @@
 //! the LRU (`lruSize` entries, default 1024). The LRU is this VM's (each worker spreads
 //! its own cold requests).
 
+use crate::config::{ConfigError, Params};
 use crate::scheduler::{Cycle, Decision, Scorer};
+use serde_json::Value;
 use std::cell::RefCell;
 use std::collections::VecDeque;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "no-hit-lru-scorer";
 
 /// Default `lruSize`.
 pub const DEFAULT_LRU_SIZE: usize = 1024;
@@ -96,6 +101,22 @@ impl Scorer for NoHitLru {
             }
         }
         lru.truncate(self.size);
+    }
+}
+
+impl NoHitLru {
+    /// Builds the scorer from its `parameters`: `lruSize` (positive), and the prefix
+    /// plugin's type and name (read for compatibility; the prefix index is shared).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let p = Params::new(
+            Some(v),
+            path,
+            &["prefixPluginType", "prefixPluginName", "lruSize"],
+        )?;
+        p.string("prefixPluginType", "prefix-cache-scorer")?;
+        p.string("prefixPluginName", "prefix-cache-scorer")?;
+        let size = p.positive("lruSize", 1024)?;
+        Ok(Self::new(usize::try_from(size).unwrap_or(DEFAULT_LRU_SIZE)))
     }
 }
 

@@ -1,7 +1,13 @@
 //! `prefix-cache-scorer`: `matchedBlocks / totalBlocks` from the approximate prefix index
 //! (0 when the request has no blocks). The index and its parameters are in `crate::prefix`.
 
+use crate::config::ConfigError;
+use crate::prefix::PrefixConfig;
 use crate::scheduler::{Cycle, Scorer};
+use serde_json::Value;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "prefix-cache-scorer";
 
 /// The prefix-cache scorer.
 #[derive(Debug, Default)]
@@ -13,6 +19,15 @@ impl Scorer for PrefixCache {
             .iter()
             .map(|&i| cx.prefix_match(i).ratio())
             .collect()
+    }
+}
+
+impl PrefixCache {
+    /// Builds the scorer. v1.5+ ignores its parameters; v1.4 configurations put the prefix
+    /// index's parameters here, so they are accepted and checked, and returned (the
+    /// index uses them when no `approx-prefix-cache-producer` is declared).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<(Self, PrefixConfig), ConfigError> {
+        Ok((Self, PrefixConfig::from_parameters(v, path)?))
     }
 }
 

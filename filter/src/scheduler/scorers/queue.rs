@@ -7,7 +7,14 @@
 //! scrape). A deliberate difference from the reference, which reads only the scrape.
 
 use super::lower_is_better;
+use crate::config::{ConfigError, Params};
 use crate::scheduler::{Cycle, Scorer};
+use serde_json::Value;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "queue-scorer";
+/// Another name the reference accepts for it.
+pub const ALIAS: &str = "queue-depth-scorer";
 
 /// The queue scorer.
 #[derive(Debug, Default)]
@@ -20,6 +27,14 @@ impl Scorer for Queue {
             .map(|&i| cx.candidate(i).map_or(0.0, |c| c.waiting_estimate() as f64))
             .collect();
         lower_is_better(&q)
+    }
+}
+
+impl Queue {
+    /// Builds the scorer from its `parameters` (it takes none).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        Params::new(Some(v), path, &[])?;
+        Ok(Self)
     }
 }
 

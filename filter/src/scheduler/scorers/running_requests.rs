@@ -2,7 +2,12 @@
 //! requests, `(maxR − r)/(maxR − minR)`; all equal → 1.0.
 
 use super::lower_is_better;
+use crate::config::{ConfigError, Params};
 use crate::scheduler::{Cycle, Scorer};
+use serde_json::Value;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "running-requests-size-scorer";
 
 /// The running-requests scorer.
 #[derive(Debug, Default)]
@@ -15,6 +20,14 @@ impl Scorer for RunningRequests {
             .map(|&i| cx.candidate(i).map_or(0.0, |c| c.metrics.running as f64))
             .collect();
         lower_is_better(&r)
+    }
+}
+
+impl RunningRequests {
+    /// Builds the scorer from its `parameters` (it takes none).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        Params::new(Some(v), path, &[])?;
+        Ok(Self)
     }
 }
 

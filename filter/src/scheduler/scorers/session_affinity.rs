@@ -3,10 +3,12 @@
 //! before; that endpoint scores 1.0, the others 0. The gateway writes the token of the
 //! endpoint it chose on every response (`crate::scheduler::scorers::session_affinity::token`).
 
+use crate::config::{ConfigError, Params};
 use crate::scheduler::{Cycle, Scorer};
+use serde_json::Value;
 
-/// The header carrying the session token, both ways.
-pub const SESSION_HEADER: &str = "x-session-token";
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "session-affinity-scorer";
 
 /// The session-affinity scorer.
 #[derive(Debug, Default)]
@@ -75,6 +77,15 @@ pub fn decode(token: &str) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
+}
+
+impl SessionAffinity {
+    /// Builds the scorer from its `parameters`: `strategy` (only `encoded_endpoint_header`).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let p = Params::new(Some(v), path, &["strategy"])?;
+        p.only("strategy", "encoded_endpoint_header")?;
+        Ok(Self)
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,12 @@
 //! a load ≤ 0 scores 1, else `1 − min(load, T)/T` with `T = queueThresholdTokens`
 //! (default 4,194,304; a value ≤ 0 resets to the default).
 
+use crate::config::{ConfigError, Params};
 use crate::scheduler::{Cycle, Scorer};
+use serde_json::Value;
+
+/// The type name in `EndpointPickerConfig`.
+pub const TYPE: &str = "token-load-scorer";
 
 /// Default `queueThresholdTokens`: 128 requests × 32K tokens.
 pub const DEFAULT_QUEUE_THRESHOLD_TOKENS: i64 = 4_194_304;
@@ -42,6 +47,15 @@ impl Scorer for TokenLoad {
                 }
             })
             .collect()
+    }
+}
+
+impl TokenLoad {
+    /// Builds the scorer from its `parameters`: `queueThresholdTokens` (0 or absent: the
+    /// default).
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let p = Params::new(Some(v), path, &["queueThresholdTokens"])?;
+        Ok(Self::new(p.i64("queueThresholdTokens", 0)?))
     }
 }
 

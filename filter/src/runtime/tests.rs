@@ -1,12 +1,11 @@
 //! Configuration: defaults, good configurations, and errors that name the field and reason.
 
 use super::*;
-use crate::registry;
 use crate::scheduler::Handler;
 use wasm_bindgen_test::wasm_bindgen_test;
 
-fn parse(text: &str) -> Result<Config, ConfigError> {
-    Config::parse(text)
+fn parse(text: &str) -> Result<Runtime, ConfigError> {
+    load(text)
 }
 
 #[wasm_bindgen_test(unsupported = test)]
@@ -18,8 +17,8 @@ fn no_configuration_is_the_reference_default_profile_with_its_detector_as_a_filt
         r#"{"pool":{"endpoints":["127.0.0.1:8000"]}}"#,
     ] {
         let c = parse(text).unwrap();
-        assert_eq!(c.profiles.len(), 1);
-        let p = &c.profiles[0];
+        assert_eq!(c.resolved.profiles.len(), 1);
+        let p = &c.resolved.profiles[0];
         assert_eq!(p.name, "default");
         let w: Vec<(&str, Option<f64>)> = p
             .plugins
@@ -37,18 +36,18 @@ fn no_configuration_is_the_reference_default_profile_with_its_detector_as_a_filt
             ],
             "{text}"
         );
-        assert!(c.plugin("single-profile-handler").is_some());
-        assert_eq!(c.saturation_detector, "utilization-detector");
-        assert_eq!(c.data_sources.len(), 1);
-        assert_eq!(c.parser, "openai-parser");
-        let s = registry::build(&c).unwrap();
+        assert!(c.resolved.plugin("single-profile-handler").is_some());
+        assert_eq!(c.resolved.saturation_detector, "utilization-detector");
+        assert_eq!(c.resolved.data_sources.len(), 1);
+        assert_eq!(c.resolved.parser, "openai-parser");
+        let s = &c.scheduler;
         assert_eq!(s.profiles[0].scorers.len(), 3);
         assert_eq!(s.profiles[0].filters.len(), 1);
         assert!(s.prefix.is_some());
         assert!(matches!(s.handler, Handler::Single(_)));
     }
     assert_eq!(
-        Config::default().pool.max_request_body_bytes,
+        load("").unwrap().pool.max_request_body_bytes,
         4 * 1024 * 1024
     );
 }
@@ -104,10 +103,10 @@ fn a_full_reference_style_configuration_loads() {
     }"#,
     )
     .unwrap();
-    let s = registry::build(&c).unwrap();
+    let s = &c.scheduler;
     assert_eq!(s.profiles[0].filters.len(), 1);
     assert_eq!(s.profiles[0].scorers[1].weight, 1.5);
-    let p = s.prefix.unwrap();
+    let p = s.prefix.clone().unwrap();
     assert_eq!(
         (p.block_size_tokens, p.lru_capacity_per_server, p.auto_tune),
         (32, 1000, false)
@@ -119,7 +118,7 @@ fn a_full_reference_style_configuration_loads() {
         (1 << 30, 1000, 30_000)
     );
     assert!(fc.bands.iter().any(|b| b.max_bytes == 100_000_000));
-    let dl = registry::data_layer(&c).unwrap();
+    let dl = c.data_layer.clone();
     assert_eq!((dl.interval_ms, dl.timeout_ms), (100, 2000));
     assert_eq!(dl.mapping.default_engine, "sglang");
     assert_eq!(c.pool.priority(Some("batch")), -1);
@@ -136,7 +135,7 @@ fn defaulting_follows_the_reference() {
     // Plugins without profiles: a `default` profile with every filter/scorer/picker, weight
     // 1, and a max-score-picker added because none is declared.
     let c = parse(r#"{"plugins":[{"type":"queue-scorer"},{"type":"label-selector-filter","parameters":{"matchLabels":{"a":"b"}}}]}"#).unwrap();
-    let refs: Vec<&str> = c.profiles[0]
+    let refs: Vec<&str> = c.resolved.profiles[0]
         .plugins
         .iter()
         .map(|r| r.plugin_ref.as_str())
@@ -145,7 +144,7 @@ fn defaulting_follows_the_reference() {
         refs,
         ["queue-scorer", "label-selector-filter", "max-score-picker"]
     );
-    let s = registry::build(&c).unwrap();
+    let s = &c.scheduler;
     assert_eq!(s.profiles[0].scorers[0].weight, 1.0);
     assert!(s.prefix.is_none(), "no prefix plugin, no hashing");
     // A declared picker is used for a profile without one.
@@ -154,14 +153,17 @@ fn defaulting_follows_the_reference() {
         "schedulingProfiles":[{"name":"x","plugins":[{"pluginRef":"queue-scorer"}]}]}"#,
     )
     .unwrap();
-    assert_eq!(c.profiles[0].plugins[1].plugin_ref, "random-picker");
+    assert_eq!(
+        c.resolved.profiles[0].plugins[1].plugin_ref,
+        "random-picker"
+    );
     // Flow control is read only with its gate.
     let c = parse(r#"{"flowControl":{"maxRequests":"10"}}"#).unwrap();
     assert!(!c.flow.enabled);
     assert_eq!(c.flow.control.max_requests, 0, "ignored without the gate");
     // `dataLayer.sources: []` disables collection.
     let c = parse(r#"{"dataLayer":{"sources":[]}}"#).unwrap();
-    assert!(!registry::data_layer(&c).unwrap().enabled);
+    assert!(!c.data_layer.clone().enabled);
 }
 
 #[wasm_bindgen_test(unsupported = test)]
@@ -177,8 +179,8 @@ fn a_pd_configuration_builds_the_disagg_handler() {
           {"name":"decode","plugins":[{"pluginRef":"decode-endpoints-filter"},{"pluginRef":"prefix-cache-scorer","weight":3},{"pluginRef":"queue-scorer"}]}]}"#,
     )
     .unwrap();
-    let s = registry::build(&c).unwrap();
-    match s.handler {
+    let s = &c.scheduler;
+    match &s.handler {
         Handler::Disagg(d) => {
             assert_eq!(
                 (d.decode.as_str(), d.prefill.as_str()),
@@ -389,7 +391,9 @@ fn errors_name_the_field_and_the_reason() {
         ),
     ];
     for (text, path, reason) in cases {
-        let e = parse(text).expect_err(text);
+        let Err(e) = parse(text) else {
+            panic!("{text} was accepted")
+        };
         assert_eq!(e.path, *path, "for {text}: {e}");
         assert!(e.reason.contains(reason), "for {text}: {}", e.reason);
         assert!(e.to_string().contains(path) && e.to_string().contains(reason));

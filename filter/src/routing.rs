@@ -1,0 +1,282 @@
+//! Choosing the endpoint(s) for one request and counting it in flight, as one decision
+//! over the shared state (the proxy writes the headers and the metrics it returns).
+//!
+//! The pick and its in-flight count are one CAS on the ledger (`crate::inflight`): the
+//! candidates get every worker's in-flight counts, the scheduler decides, and the primary
+//! is counted in the same write, so two workers never both see an endpoint as idle. Then
+//! the reference's `PreRequest` bookkeeping: the prefix index learns the pick (here at
+//! once; on every other worker through the shared log, `crate::prefix::shared`), and
+//! stateful scorers see the decision.
+//!
+//! No endpoint chosen → [`Routed::None`] with the reason; `pool.failOpen` then sends the
+//! request to any healthy endpoint ([`fail_open`]).
+
+use crate::endpoint::Candidate;
+use crate::inflight;
+use crate::prefix::index::{PrefixIndex, PrefixMatch};
+use crate::prefix::shared::{self, Cursor};
+use crate::rng::Rng;
+use crate::scheduler::{PluginSample, Probe, Request, Scheduler};
+use crate::shared_store::{SharedStore, StoreError};
+
+/// What one routing decision needs besides the candidates.
+pub struct Pick<'a> {
+    /// The request as the scheduler sees it.
+    pub request: Request<'a>,
+    /// Its token estimate (counted in flight on the primary).
+    pub tokens: u64,
+    /// This VM's id (its ledger row and prefix-log entries).
+    pub vm: u64,
+    /// The seed of this decision's random choices.
+    pub seed: u64,
+    /// When routing this request started (ns, the `clock`'s): the e2e duration runs
+    /// from here to the decision being counted.
+    pub started_ns: u64,
+}
+
+/// The decision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Routed {
+    /// Endpoints chosen; the primary is counted in flight.
+    Chosen {
+        /// `x-gateway-destination-endpoint`: primary, then fallbacks.
+        targets: Vec<String>,
+        /// `x-prefiller-host-port`, when P/D chose a prefill endpoint.
+        prefill: Option<String>,
+        /// P/D decided to disaggregate (even if no prefill endpoint was found).
+        disaggregated: bool,
+        /// The primary's prefix match, when prefix plugins are configured.
+        hit: Option<PrefixMatch>,
+    },
+    /// Nothing was chosen (and nothing counted).
+    None {
+        /// Why, for the 503 body.
+        why: String,
+        /// The request's candidates, for fail-open.
+        pool: Vec<String>,
+    },
+}
+
+/// A decision with what it cost.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The decision.
+    pub routed: Routed,
+    /// Time per plugin (when a clock is given).
+    pub samples: Vec<PluginSample>,
+    /// Microseconds from the start to the decision being counted (the reference's
+    /// scheduler e2e duration; the bookkeeping after it is not included).
+    pub e2e_us: u64,
+}
+
+/// The seed of one decision: distinct per stream, VM and millisecond.
+pub fn seed(ctx: u32, vm: u64, now_ms: i64) -> u64 {
+    u64::from(ctx) ^ vm.rotate_left(32) ^ now_ms.unsigned_abs().rotate_left(17)
+}
+
+/// Chooses among `candidates` and counts the primary in flight, in one ledger CAS; then
+/// teaches the prefix index the pick. `clock` (ns) measures plugins and the e2e time.
+/// Fails only when the ledger cannot be updated.
+pub fn route(
+    store: &impl SharedStore,
+    scheduler: &Scheduler,
+    pick: &Pick<'_>,
+    candidates: &mut [Candidate],
+    index: &mut PrefixIndex,
+    cursor: &mut Cursor,
+    clock: &dyn Fn() -> u64,
+) -> Result<Outcome, StoreError> {
+    let (decision, samples) =
+        inflight::acquire_with(store, pick.vm, pick.request.now_ms, |ledger| {
+            let totals = ledger.totals();
+            for c in candidates.iter_mut() {
+                let (n, t) = totals.get(c.address.as_str()).copied().unwrap_or_default();
+                c.in_flight = n;
+                c.in_flight_tokens = t;
+            }
+            let mut rng = Rng::new(pick.seed);
+            let mut probe = Probe::new(Some(clock));
+            let decision =
+                scheduler.schedule(&pick.request, candidates, index, &mut rng, &mut probe);
+            let counted = decision
+                .as_ref()
+                .ok()
+                .and_then(|d| d.primary())
+                .and_then(|i| candidates.get(i))
+                .map(|c| (c.address.clone(), pick.tokens));
+            (counted, (decision, probe.samples))
+        })?;
+    let e2e_us = clock().saturating_sub(pick.started_ns) / 1_000;
+    let routed = match decision {
+        Ok(d) => {
+            for i in [d.primary(), d.prefill].into_iter().flatten() {
+                if let Some(c) = candidates.get(i) {
+                    let cap = scheduler.lru_capacity(c);
+                    index.insert(
+                        &c.address,
+                        &d.hashes,
+                        usize::try_from(cap).unwrap_or(usize::MAX),
+                    );
+                    if !d.hashes.is_empty() {
+                        match shared::publish(store, pick.vm, &c.address, &d.hashes, cap) {
+                            Ok(seq) => cursor.published(seq),
+                            Err(e) => log::debug!("prefix log publish failed: {e:?}"),
+                        }
+                    }
+                }
+            }
+            scheduler.pre_request(&pick.request, candidates, &d);
+            let address = |i: usize| candidates.get(i).map(|c| c.address.clone());
+            Routed::Chosen {
+                targets: d.targets.iter().filter_map(|&i| address(i)).collect(),
+                prefill: d.prefill.and_then(address),
+                disaggregated: d.disaggregated,
+                hit: d.primary().and_then(|i| d.prefix.get(i).copied()),
+            }
+        }
+        Err(e) => Routed::None {
+            why: e.to_string(),
+            pool: candidates.iter().map(|c| c.address.clone()).collect(),
+        },
+    };
+    Ok(Outcome {
+        routed,
+        samples,
+        e2e_us,
+    })
+}
+
+/// `pool.failOpen`: one of `pool` at random (by `seed`), counted in flight. `None` when
+/// `pool` is empty or the ledger cannot be updated.
+pub fn fail_open(
+    store: &impl SharedStore,
+    vm: u64,
+    pool: &[String],
+    seed: u64,
+    tokens: u64,
+    now_ms: i64,
+) -> Option<String> {
+    let mut rng = Rng::new(seed);
+    let pick = pool.get(rng.below(pool.len()))?.clone();
+    inflight::acquire_with(store, vm, now_ms, |_| (Some((pick.clone(), tokens)), ())).ok()?;
+    Some(pick)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inflight::{Ledger, LEDGER_KEY};
+    use crate::shared_store::{read, MemoryStore};
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    fn candidates(n: usize) -> Vec<Candidate> {
+        (1..=n)
+            .map(|i| Candidate::new(&format!("10.0.0.{i}:8000")))
+            .collect()
+    }
+
+    fn in_flight(store: &MemoryStore) -> Vec<(String, u64)> {
+        let ledger: Ledger = read(store, LEDGER_KEY).unwrap().unwrap_or_default();
+        let mut v: Vec<(String, u64)> = ledger
+            .totals()
+            .into_iter()
+            .map(|(a, (n, _))| (a.to_string(), n))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn request(prompt: &str) -> Request<'_> {
+        Request {
+            model: "m",
+            prompt,
+            now_ms: 1_000,
+            ..Request::default()
+        }
+    }
+
+    fn pick_once(
+        store: &MemoryStore,
+        scheduler: &Scheduler,
+        index: &mut PrefixIndex,
+        vm: u64,
+        prompt: &str,
+        cands: &mut [Candidate],
+    ) -> Routed {
+        let pick = Pick {
+            request: request(prompt),
+            tokens: 10,
+            vm,
+            seed: 7,
+            started_ns: 0,
+        };
+        let mut cursor = Cursor::default();
+        route(store, scheduler, &pick, cands, index, &mut cursor, &|| 0)
+            .unwrap()
+            .routed
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_pick_is_counted_in_flight_and_the_next_pick_sees_it() {
+        let store = MemoryStore::default();
+        let rt = crate::runtime::load("").unwrap();
+        let mut index = PrefixIndex::new();
+        let mut cands = candidates(2);
+        let first = pick_once(&store, &rt.scheduler, &mut index, 1, "", &mut cands);
+        let Routed::Chosen { targets, .. } = first else {
+            panic!("nothing chosen: {first:?}");
+        };
+        assert_eq!(in_flight(&store), vec![(targets[0].clone(), 1)]);
+        // Another worker (VM 2) picks next: it sees the first request in flight and
+        // takes the other endpoint.
+        let second = pick_once(&store, &rt.scheduler, &mut index, 2, "", &mut cands);
+        let Routed::Chosen { targets: t2, .. } = second else {
+            panic!("nothing chosen: {second:?}");
+        };
+        assert_ne!(t2[0], targets[0]);
+        assert_eq!(in_flight(&store).len(), 2);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn no_candidate_is_a_reasoned_refusal_and_nothing_is_counted() {
+        let store = MemoryStore::default();
+        let rt = crate::runtime::load("").unwrap();
+        let mut index = PrefixIndex::new();
+        let routed = pick_once(&store, &rt.scheduler, &mut index, 1, "", &mut []);
+        assert!(matches!(routed, Routed::None { ref pool, .. } if pool.is_empty()));
+        assert!(in_flight(&store).is_empty());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_prefix_index_learns_the_pick_here_and_in_the_shared_log() {
+        let store = MemoryStore::default();
+        let rt = crate::runtime::load("").unwrap();
+        let mut index = PrefixIndex::new();
+        let mut cands = candidates(3);
+        let prompt = "a long shared system prompt ".repeat(40);
+        let first = pick_once(&store, &rt.scheduler, &mut index, 1, &prompt, &mut cands);
+        assert!(matches!(first, Routed::Chosen { .. }), "{first:?}");
+        // Another VM's index, synced from the shared log, matches the same endpoint.
+        let mut other = PrefixIndex::new();
+        let mut cursor = Cursor::default();
+        assert!(shared::sync(&store, 2, &mut other, &mut cursor).unwrap() > 0);
+        let Routed::Chosen { hit, .. } =
+            pick_once(&store, &rt.scheduler, &mut other, 2, &prompt, &mut cands)
+        else {
+            panic!("nothing chosen");
+        };
+        assert!(hit.is_some_and(|m| m.matched > 0), "{hit:?}");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn fail_open_counts_its_pick() {
+        let store = MemoryStore::default();
+        let pool = vec!["10.0.0.9:8000".to_string()];
+        assert_eq!(
+            fail_open(&store, 1, &pool, 3, 5, 1_000).as_deref(),
+            Some("10.0.0.9:8000")
+        );
+        assert_eq!(in_flight(&store), vec![("10.0.0.9:8000".to_string(), 1)]);
+        assert_eq!(fail_open(&store, 1, &[], 3, 5, 1_000), None);
+    }
+}
