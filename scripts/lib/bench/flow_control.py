@@ -21,11 +21,7 @@ import tempfile
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-WASM = os.path.join(ROOT, "target/wasm32-wasip1/release/epp_filter.wasm")
-SIM = os.path.join(ROOT, "target/release/vllm-sim")
-ENVOY = os.path.join(ROOT, ".venv/bin/envoy")
-RENDER = os.path.join(ROOT, "scripts/lib/render.py")
+from common import ENVOY, RENDER, SIM, WASM
 
 PROCS = []
 
