@@ -10,7 +10,7 @@
 //!
 //! The TTFT estimate is the router's `prefillThroughput` source: tokens in flight to the
 //! endpoint ÷ `peakPrefillThroughput` (tokens/s) × 1000 ms. (GIE's version reads latency
-//! predictions and without them its gate does nothing, §15 #22; this one always works.)
+//! predictions and without them its gate does nothing; this one always works.)
 //! Defaults are GIE's: threshold 0.80, exploration 0.01, penalty 5000 ms.
 
 use crate::config::validate::err;

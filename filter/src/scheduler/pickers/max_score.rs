@@ -4,7 +4,7 @@
 //! Knowing the requests in flight ([`Picker::pick_with_load`], what the scheduler calls),
 //! equal scores go to the endpoint with the fewest requests in flight through this
 //! gateway first, and only then at random: with stale or equal metrics a burst spreads
-//! instead of piling onto one endpoint (the reference's §15 #15).
+//! instead of piling onto one endpoint (the reference breaks ties at random only).
 
 use crate::config::{ConfigError, Params};
 use crate::rng::Rng;
