@@ -1,11 +1,13 @@
 //! Requests in flight per endpoint, counted across every Envoy worker.
 //!
 //! One shared-data record (key [`LEDGER_KEY`]) holds a row per worker VM with that
-//! VM's in-flight count per endpoint. A pick reads the record, sums the live rows,
-//! chooses the least-loaded endpoint and adds one to its own row, all in one CAS
-//! write, so two workers picking at the same instant cannot both see the same free
+//! VM's requests and estimated tokens in flight per endpoint. A pick
+//! ([`acquire_with`], used by `crate::routing`) reads the record, sums the live rows into
+//! the candidates, lets the scheduler choose and adds the request to its own row, all in
+//! one CAS write, so two workers picking at the same instant cannot both see the same free
 //! endpoint. A release subtracts from the row of the VM that acquired (streams never
-//! move between workers).
+//! move between workers). This count covers every request routed upstream; flow control
+//! keeps its own count of the requests it dispatched (`crate::flow_control::state`).
 //!
 //! A VM that crashes (`FAIL_RELOAD`) leaves its row behind; rows not refreshed for
 //! [`WORKER_STALE_MS`] are dropped, so a dead VM's counts do not stick forever. Live
@@ -162,7 +164,7 @@ pub fn acquire_with<R>(
 }
 
 /// Counts one request of `tokens` on `endpoint` as finished for `vm`.
-pub fn release_with_tokens(
+pub fn release(
     store: &impl SharedStore,
     vm: u64,
     endpoint: &str,
@@ -172,19 +174,6 @@ pub fn release_with_tokens(
     let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
     update(store, LEDGER_KEY, |ledger: &mut Ledger| {
         ledger.add_with_tokens(vm, endpoint, -1, -tokens, now_ms);
-        ledger.drop_stale(now_ms);
-    })
-}
-
-/// Counts one request on `endpoint` as finished for `vm`.
-pub fn release(
-    store: &impl SharedStore,
-    vm: u64,
-    endpoint: &str,
-    now_ms: i64,
-) -> Result<(), StoreError> {
-    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
-        ledger.add(vm, endpoint, -1, now_ms);
         ledger.drop_stale(now_ms);
     })
 }
@@ -263,7 +252,7 @@ mod tests {
         for _ in 0..3 {
             acquire(&s, 1, &EPS, 0, 0).unwrap();
         }
-        release(&s, 1, EPS[1], 5).unwrap();
+        release(&s, 1, EPS[1], 0, 5).unwrap();
         assert_eq!(acquire(&s, 2, &EPS, 6, 0).unwrap().as_deref(), Some(EPS[1]));
     }
 
@@ -275,7 +264,7 @@ mod tests {
             held.push((i % 3, acquire(&s, i % 3, &EPS, 0, i).unwrap().unwrap()));
         }
         for (vm, ep) in held {
-            release(&s, vm, &ep, 1).unwrap();
+            release(&s, vm, &ep, 0, 1).unwrap();
         }
         assert!(ledger(&s).workers.is_empty());
     }
@@ -324,16 +313,16 @@ mod tests {
             assert_eq!(got, if vm == 1 { (0, 0) } else { (1, 100) });
         }
         assert_eq!(ledger(&s).totals()[EPS[0]], (2, 200));
-        release_with_tokens(&s, 1, EPS[0], 100, 1).unwrap();
+        release(&s, 1, EPS[0], 100, 1).unwrap();
         assert_eq!(ledger(&s).totals()[EPS[0]], (1, 100));
-        release_with_tokens(&s, 2, EPS[0], 100, 1).unwrap();
+        release(&s, 2, EPS[0], 100, 1).unwrap();
         assert!(ledger(&s).workers.is_empty());
     }
 
     #[wasm_bindgen_test(unsupported = test)]
     fn a_release_never_goes_below_zero() {
         let s = MemoryStore::default();
-        release(&s, 1, EPS[0], 0).unwrap();
+        release(&s, 1, EPS[0], 0, 0).unwrap();
         acquire(&s, 2, &EPS[..1], 0, 0).unwrap();
         assert_eq!(ledger(&s).in_flight(EPS[0]), 1);
     }

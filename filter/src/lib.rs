@@ -18,6 +18,7 @@ pub mod flow_control;
 pub mod headers;
 pub mod inflight;
 pub mod metrics;
+pub mod model_rewrite;
 pub mod openai;
 pub mod prefix;
 pub mod registry;

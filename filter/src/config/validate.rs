@@ -126,6 +126,11 @@ impl<'a> Params<'a> {
         }
     }
 
+    /// A number, if present.
+    pub fn number(&self, name: &str) -> Result<Option<f64>, ConfigError> {
+        self.get(name).map(|_| self.f64(name, 0.0)).transpose()
+    }
+
     /// An integer.
     pub fn i64(&self, name: &str, default: i64) -> Result<i64, ConfigError> {
         match self.get(name) {

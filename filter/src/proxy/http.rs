@@ -19,6 +19,7 @@ use crate::headers::{
     FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, SERVED, SESSION_TOKEN, SLO_TTFT, SUBSET,
 };
 use crate::metrics;
+use crate::model_rewrite;
 use crate::openai::{parse_request, Api, InferenceRequest};
 use crate::rng::Rng;
 use crate::runtime::Runtime;
@@ -74,17 +75,10 @@ impl Http {
         }
     }
 
-    /// The model to send: the rewrite header, then a matching `pool.modelRewrites` rule.
+    /// The model to send ([`model_rewrite::target`]).
     fn target_model(&self, model: &str) -> String {
-        let mut target = self
-            .rewrite_header
-            .clone()
-            .unwrap_or_else(|| model.to_string());
         let draw = Rng::new(u64::from(self.id) ^ vm::id()).next_f64();
-        if let Some((_, t)) = self.rt.pool.rewrite(&target, draw) {
-            target = t.to_string();
-        }
-        target
+        model_rewrite::target(model, self.rewrite_header.as_deref(), &self.rt.pool, draw)
     }
 
     fn route_input(
@@ -168,29 +162,6 @@ impl Http {
     }
 }
 
-/// `body` with its `model` field set to `target`.
-fn rewrite_body(body: &[u8], target: &str) -> Option<Vec<u8>> {
-    let mut doc: serde_json::Value = serde_json::from_slice(body).ok()?;
-    doc.as_object_mut()?.insert(
-        "model".into(),
-        serde_json::Value::String(target.to_string()),
-    );
-    serde_json::to_vec(&doc).ok()
-}
-
-/// `chunk` with `"model":"<sent>"` (with or without a space) turned back into the client's
-/// model name, as the reference's `rewriteModelName`; `None` when nothing matched.
-fn restore_model(chunk: &[u8], sent: &str, client: &str) -> Option<Vec<u8>> {
-    let text = std::str::from_utf8(chunk).ok()?;
-    let mut out = text.to_string();
-    for sep in [":", ": "] {
-        let from = format!("\"model\"{sep}\"{sent}\"");
-        let to = format!("\"model\"{sep}\"{client}\"");
-        out = out.replace(&from, &to);
-    }
-    (out != text).then(|| out.into_bytes())
-}
-
 impl Context for Http {
     fn on_done(&mut self) -> bool {
         self.release();
@@ -255,7 +226,7 @@ impl HttpContext for Http {
         let mut body = body;
         let mut replaced = false;
         if target != request.model {
-            let Some(new_body) = rewrite_body(&body, &target) else {
+            let Some(new_body) = model_rewrite::rewrite_body(&body, &target) else {
                 let e = ApiError::internal("cannot rewrite the model of the request");
                 return self.reject(&e, &request.model);
             };
@@ -347,7 +318,7 @@ impl HttpContext for Http {
         let Ok(chunk) = host::response_body(body_size) else {
             return Action::Continue;
         };
-        if let Some(new) = restore_model(&chunk, &rw.sent, &rw.client) {
+        if let Some(new) = model_rewrite::restore(&chunk, &rw.sent, &rw.client) {
             if let Err(status) = host::set_response_body(body_size, &new) {
                 log::warn!("cannot restore the model name in the response: status {status}");
             }

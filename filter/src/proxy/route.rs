@@ -217,7 +217,7 @@ fn admitted(model: &str, endpoint: &str) {
 /// Counts a request of `tokens` on `endpoint` as finished.
 pub fn release(vm: u64, endpoint: &str, tokens: u64) {
     let now = host::clock_ms();
-    if let Err(e) = inflight::release_with_tokens(&HostStore, vm, endpoint, tokens, now) {
+    if let Err(e) = inflight::release(&HostStore, vm, endpoint, tokens, now) {
         log::warn!("in-flight release of {endpoint} failed: {e:?}");
     }
 }

@@ -3,8 +3,8 @@
 //! In-flight counts come from the gateway's own cross-worker accounting, so they are
 //! exact (the reference's version reads zero here: a known bug not copied).
 
-use super::{number, only_params, PoolLoad};
-use crate::config::ConfigError;
+use super::PoolLoad;
+use crate::config::{ConfigError, Params as Parameters};
 use serde_json::Value;
 
 /// Plugin type name.
@@ -46,18 +46,18 @@ impl Default for Params {
 impl Params {
     /// Parses and validates the plugin parameters.
     pub fn parse(params: &Value, path: &str) -> Result<Self, ConfigError> {
-        only_params(
-            params,
+        let params = Parameters::new(
+            Some(params),
+            path,
             &[
                 "concurrencyMode",
                 "maxConcurrency",
                 "maxTokenConcurrency",
                 "headroom",
             ],
-            path,
         )?;
         let err = |key: &str, reason: &str| ConfigError {
-            path: format!("{path}.{key}"),
+            path: params.path(key),
             reason: reason.into(),
         };
         let mut p = Params::default();
@@ -69,7 +69,7 @@ impl Params {
             };
         }
         let positive = |key: &str| -> Result<Option<u64>, ConfigError> {
-            match number(params, key, path)? {
+            match params.number(key)? {
                 None => Ok(None),
                 Some(n) if n >= 1.0 && n.fract() == 0.0 => Ok(Some(n as u64)),
                 Some(_) => Err(err(key, "must be a positive integer")),
@@ -81,7 +81,7 @@ impl Params {
         if let Some(n) = positive("maxTokenConcurrency")? {
             p.max_token_concurrency = n;
         }
-        if let Some(h) = number(params, "headroom", path)? {
+        if let Some(h) = params.number("headroom")? {
             if h < 0.0 {
                 return Err(err("headroom", "must be non-negative"));
             }

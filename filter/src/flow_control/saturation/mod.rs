@@ -94,36 +94,3 @@ impl Detector {
         }
     }
 }
-
-/// Reads an optional number parameter.
-pub(crate) fn number(params: &Value, key: &str, path: &str) -> Result<Option<f64>, ConfigError> {
-    match params.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| ConfigError {
-            path: format!("{path}.{key}"),
-            reason: "must be a number".into(),
-        }),
-    }
-}
-
-/// Refuses parameters the detector does not have.
-pub(crate) fn only_params(params: &Value, known: &[&str], path: &str) -> Result<(), ConfigError> {
-    match params {
-        Value::Null => Ok(()),
-        Value::Object(map) => {
-            for key in map.keys() {
-                if !known.contains(&key.as_str()) {
-                    return Err(ConfigError {
-                        path: format!("{path}.{key}"),
-                        reason: format!("unknown parameter; expected one of: {}", known.join(", ")),
-                    });
-                }
-            }
-            Ok(())
-        }
-        _ => Err(ConfigError {
-            path: path.to_string(),
-            reason: "must be an object".into(),
-        }),
-    }
-}

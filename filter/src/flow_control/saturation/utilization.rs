@@ -3,9 +3,9 @@
 //! endpoint with stale or missing metrics counts 1.0, and an empty pool is 1.0.
 //! `headroom` only loosens the filter role, as in the reference.
 
-use super::{number, only_params, EndpointLoad};
+use super::EndpointLoad;
 use crate::config::quantity::parse_duration_ms;
-use crate::config::ConfigError;
+use crate::config::{ConfigError, Params as Parameters};
 use serde_json::Value;
 
 /// Plugin type name.
@@ -42,8 +42,9 @@ impl Default for Params {
 impl Params {
     /// Parses and validates the plugin parameters.
     pub fn parse(params: &Value, path: &str) -> Result<Self, ConfigError> {
-        only_params(
-            params,
+        let params = Parameters::new(
+            Some(params),
+            path,
             &[
                 "queueDepthThreshold",
                 "kvCacheUtilThreshold",
@@ -51,20 +52,19 @@ impl Params {
                 "headroom",
                 "stalenessPolicy",
             ],
-            path,
         )?;
         let err = |key: &str, reason: &str| ConfigError {
-            path: format!("{path}.{key}"),
+            path: params.path(key),
             reason: reason.into(),
         };
         let mut p = Params::default();
-        if let Some(q) = number(params, "queueDepthThreshold", path)? {
+        if let Some(q) = params.number("queueDepthThreshold")? {
             if q <= 0.0 || q.fract() != 0.0 {
                 return Err(err("queueDepthThreshold", "must be a positive integer"));
             }
             p.queue_depth_threshold = q;
         }
-        if let Some(k) = number(params, "kvCacheUtilThreshold", path)? {
+        if let Some(k) = params.number("kvCacheUtilThreshold")? {
             if !(k > 0.0 && k <= 1.0) {
                 return Err(err("kvCacheUtilThreshold", "must be in (0, 1]"));
             }
@@ -83,7 +83,7 @@ impl Params {
             }
             p.staleness_ms = ms;
         }
-        if let Some(h) = number(params, "headroom", path)? {
+        if let Some(h) = params.number("headroom")? {
             if h < 0.0 {
                 return Err(err("headroom", "must be non-negative"));
             }
