@@ -17,6 +17,10 @@
 use crate::shared_store::{update, SharedStore, StoreError};
 use prost::Message;
 
+/// The type name of the reference's in-flight load producer: accepted in
+/// `EndpointPickerConfig`; this ledger is what it produces, always on.
+pub const PRODUCER_TYPE: &str = "inflight-load-producer";
+
 /// Shared-data key of the ledger (versioned: a new layout gets a new key).
 pub const LEDGER_KEY: &str = "epp.v1.inflight";
 /// A row not refreshed for this long belongs to a dead VM.

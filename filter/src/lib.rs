@@ -1,12 +1,13 @@
 //! An LLM-inference endpoint picker that runs inside Envoy as a Proxy-Wasm filter.
 //!
-//! The crate has two layers:
-//! * the **core** (every module but `proxy`): configuration (`config`, `registry`),
-//!   request parsing (`openai`), the scheduler (`scheduler`: profiles, filters, scorers,
-//!   pickers, profile handlers), the prefix index (`prefix`), the data layer
-//!   (`datalayer`: metrics parsing, snapshots, scrape lease, discovery), the cross-worker
-//!   in-flight ledger (`inflight`), error bodies and metric names. It never calls
-//!   `proxy_wasm`, builds natively and is unit-tested natively and as wasm32.
+//! Two layers (the map: `docs/ARCHITECTURE.md` in the repository):
+//! * the **core**, every module but `proxy`, bottom to top: plain data (`endpoint`), the
+//!   configuration document (`config`), names and helpers (`headers`, `errors`, `rng`,
+//!   `metrics`, `openai`, `model_rewrite`), the shared-data port (`shared_store`), the
+//!   cross-worker records (`prefix`, `inflight`, `flow_control`), the data layer
+//!   (`datalayer`), the scheduler and its plugins (`scheduler`), one request's routing
+//!   decision (`routing`), the plugin table (`registry`) and the loader (`runtime`). It
+//!   never calls `proxy_wasm`, builds natively and is unit-tested natively and as wasm32.
 //! * the **proxy** layer (`proxy/`, built only for `wasm32-wasip1`): maps Envoy's
 //!   callbacks onto the core and owns every host call. It holds no policy.
 

@@ -8,6 +8,9 @@
 use crate::errors::ApiError;
 use serde_json::Value;
 
+/// The request parser's type name in `EndpointPickerConfig` (the only parser).
+pub const PARSER_TYPE: &str = "openai-parser";
+
 /// Which OpenAI API a request targets, from the suffix of its path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {

@@ -22,6 +22,7 @@ use crate::scheduler::scorers::{
     token_load,
 };
 use crate::scheduler::{Filter, Picker, Scorer};
+use crate::{inflight, openai};
 use serde_json::Value;
 use std::rc::Rc;
 
@@ -194,7 +195,7 @@ pub const TYPES: &[PluginType] = &[
     t(prefix::PRODUCER_TYPE, &[Producer], |v, p| {
         Ok(reading_prefix(Built { prefix: Some(PrefixConfig::from_parameters(v, p)?), ..Built::default() }))
     }),
-    t("inflight-load-producer", &[Producer], no_parameters),
+    t(inflight::PRODUCER_TYPE, &[Producer], no_parameters),
     t(source::TYPE, &[DataSource], |v, p| Ok(Built { source: Some(Settings::from_parameters(v, p)?), ..Built::default() })),
     t(mapping::EXTRACTOR_TYPE, &[Extractor], |v, p| Ok(Built { extractor: Some(Mapping::from_parameters(v, p)?), ..Built::default() })),
     t(utilization::TYPE, &[Detector, Filter], |v, p| Ok(detector(Detector::Utilization(utilization::Params::parse(v, p)?)))),
@@ -207,7 +208,7 @@ pub const TYPES: &[PluginType] = &[
     t(STATIC_USAGE_LIMIT_POLICY, &[FlowPolicy], |v, p| {
         Params::new(Some(v), p, &["threshold"])?.non_negative("threshold", 1.0).map(|_| Built::default())
     }),
-    t("openai-parser", &[Parser], no_parameters),
+    t(openai::PARSER_TYPE, &[Parser], no_parameters),
 ];
 
 /// The registered type called `name`.

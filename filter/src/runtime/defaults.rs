@@ -18,7 +18,13 @@ use crate::config::validate::err;
 use crate::config::{
     ConfigError, EndpointPickerConfig, PluginSpec, ProfilePlugin, ProfileSpec, SourceSpec,
 };
+use crate::datalayer::{mapping, source};
+use crate::flow_control::saturation::utilization;
+use crate::openai;
 use crate::registry::{self, Role};
+use crate::scheduler::handlers::single;
+use crate::scheduler::pickers::max_score;
+use crate::scheduler::scorers::{kv_cache, prefix_cache, queue};
 use serde_json::Value;
 
 fn plugin(type_name: &str) -> PluginSpec {
@@ -43,10 +49,10 @@ pub fn resolve(doc: &EndpointPickerConfig) -> Result<Resolved, ConfigError> {
     let mut profiles = doc.profiles.clone();
     if doc.plugins.is_none() && profiles.is_empty() {
         for t in [
-            "utilization-detector",
-            "queue-scorer",
-            "kv-cache-utilization-scorer",
-            "prefix-cache-scorer",
+            utilization::TYPE,
+            queue::TYPE,
+            kv_cache::TYPE,
+            prefix_cache::TYPE,
         ] {
             plugins.push(plugin(t));
         }
@@ -54,12 +60,12 @@ pub fn resolve(doc: &EndpointPickerConfig) -> Result<Resolved, ConfigError> {
             name: "default".to_string(),
             plugins: vec![
                 ProfilePlugin {
-                    plugin_ref: "utilization-detector".to_string(),
+                    plugin_ref: utilization::TYPE.to_string(),
                     weight: None,
                 },
-                weighted("queue-scorer", 2.0),
-                weighted("kv-cache-utilization-scorer", 2.0),
-                weighted("prefix-cache-scorer", 3.0),
+                weighted(queue::TYPE, 2.0),
+                weighted(kv_cache::TYPE, 2.0),
+                weighted(prefix_cache::TYPE, 3.0),
             ],
         });
     }
@@ -87,11 +93,11 @@ pub fn resolve(doc: &EndpointPickerConfig) -> Result<Resolved, ConfigError> {
                 name,
                 Role::Parser,
                 "parser.pluginRef",
-                &["openai-parser"],
+                &[openai::PARSER_TYPE],
             )?;
             name.clone()
         }
-        None => "openai-parser".to_string(),
+        None => openai::PARSER_TYPE.to_string(),
     };
     Ok(Resolved {
         plugins,
@@ -223,8 +229,8 @@ fn ensure_scheduling_layer(
         let name = match plugins.iter().find(|p| has_role(p, Role::Picker)) {
             Some(p) => p.name.clone(),
             None => {
-                let name = unique_name(plugins, "max-score-picker");
-                let mut p = plugin("max-score-picker");
+                let name = unique_name(plugins, max_score::TYPE);
+                let mut p = plugin(max_score::TYPE);
                 p.name = name.clone();
                 plugins.push(p);
                 name
@@ -242,7 +248,7 @@ fn ensure_scheduling_layer(
         .map(|(i, _)| i)
         .collect();
     match handlers.as_slice() {
-        [] if profiles.len() == 1 => plugins.push(plugin("single-profile-handler")),
+        [] if profiles.len() == 1 => plugins.push(plugin(single::TYPE)),
         [] => {
             return Err(err(
                 "schedulingProfiles",
@@ -256,7 +262,7 @@ fn ensure_scheduling_layer(
         [one] => {
             let p = plugins.get(*one).map(|p| (p.type_name.clone(), p.index));
             if let Some((t, index)) = p {
-                if t == "single-profile-handler" && profiles.len() != 1 {
+                if t == single::TYPE && profiles.len() != 1 {
                     return Err(err(
                         &format!("plugins[{}]", index.unwrap_or(*one)),
                         format!(
@@ -307,10 +313,10 @@ fn ensure_saturation_detector(
             )?;
             return Ok(name);
         }
-        None => "utilization-detector".to_string(),
+        None => utilization::TYPE.to_string(),
     };
     if !plugins.iter().any(|p| p.name == name) {
-        plugins.push(plugin("utilization-detector"));
+        plugins.push(plugin(utilization::TYPE));
     }
     Ok(name)
 }
@@ -321,19 +327,19 @@ fn ensure_data_layer(
 ) -> Result<Vec<SourceSpec>, ConfigError> {
     let Some(sources) = declared else {
         // The default source and extractor (`ensureDataLayer`).
-        for t in ["metrics-data-source", "core-metrics-extractor"] {
+        for t in [source::TYPE, mapping::EXTRACTOR_TYPE] {
             if !plugins.iter().any(|p| p.name == t) {
                 plugins.push(plugin(t));
             }
         }
         let source = plugins
             .iter()
-            .find(|p| p.type_name == "metrics-data-source")
-            .map_or("metrics-data-source".to_string(), |p| p.name.clone());
+            .find(|p| p.type_name == source::TYPE)
+            .map_or(source::TYPE.to_string(), |p| p.name.clone());
         let extractor = plugins
             .iter()
-            .find(|p| p.type_name == "core-metrics-extractor")
-            .map_or("core-metrics-extractor".to_string(), |p| p.name.clone());
+            .find(|p| p.type_name == mapping::EXTRACTOR_TYPE)
+            .map_or(mapping::EXTRACTOR_TYPE.to_string(), |p| p.name.clone());
         return Ok(vec![SourceSpec {
             plugin_ref: source,
             extractors: vec![extractor],

@@ -64,3 +64,63 @@ impl OrderingPolicy {
         }
     }
 }
+
+/// What every ordering policy must do, checked for each one: a policy added to
+/// [`OrderingPolicy::TYPES`] is held to the same contract.
+#[cfg(test)]
+mod conformance {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    fn policies() -> Vec<OrderingPolicy> {
+        OrderingPolicy::TYPES
+            .iter()
+            .map(|t| OrderingPolicy::from_type(t).unwrap())
+            .collect()
+    }
+
+    fn at(ms: u64) -> OrderInputs {
+        OrderInputs {
+            enqueue_ms: ms,
+            received_ms: ms,
+            ttl_ms: 0,
+            slo_ttft_ms: None,
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn every_type_name_resolves_to_its_own_policy() {
+        let all = policies();
+        for (i, a) in all.iter().enumerate() {
+            assert!(all.iter().skip(i + 1).all(|b| a != b), "{a:?} twice");
+        }
+        assert_eq!(OrderingPolicy::from_type("no-such-policy"), None);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn with_nothing_but_arrival_to_go_on_every_policy_is_first_come_first_served() {
+        for p in policies() {
+            assert!(p.key(&at(10)) < p.key(&at(11)), "{p:?}");
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_later_arrival_never_overtakes_an_equal_request() {
+        // Same TTL and SLO: whatever the policy's criterion, arrival breaks the tie.
+        for p in policies() {
+            for (ttl_ms, slo) in [(0, None), (1_000, None), (0, Some(200)), (500, Some(200))] {
+                let a = OrderInputs {
+                    ttl_ms,
+                    slo_ttft_ms: slo,
+                    ..at(100)
+                };
+                let b = OrderInputs {
+                    ttl_ms,
+                    slo_ttft_ms: slo,
+                    ..at(101)
+                };
+                assert!(p.key(&a) < p.key(&b), "{p:?} ttl {ttl_ms} slo {slo:?}");
+            }
+        }
+    }
+}
