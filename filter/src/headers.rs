@@ -51,3 +51,153 @@ pub const GATEWAY_OWNED: [&str; 11] = [
     OBJECTIVE[0],
     OBJECTIVE[1],
 ];
+
+/// A request's headers as one read gave them (the proxy-wasm header-map encoding), looked
+/// up by name without further host calls.
+pub struct HeaderMap {
+    pairs: Vec<(String, String)>,
+}
+
+impl HeaderMap {
+    /// Decodes the proxy-wasm serialization of a header map: a little-endian `u32`
+    /// count, then each pair's key and value sizes (`u32` each), then the keys and
+    /// values, each followed by a NUL. A malformed buffer yields the pairs decoded
+    /// before the fault.
+    pub fn decode(bytes: &[u8]) -> Self {
+        let u32_at = |at: usize| -> Option<usize> {
+            let b = bytes.get(at..at.checked_add(4)?)?;
+            let v = u32::from_le_bytes([*b.first()?, *b.get(1)?, *b.get(2)?, *b.get(3)?]);
+            usize::try_from(v).ok()
+        };
+        let mut pairs = Vec::new();
+        let Some(count) = u32_at(0) else {
+            return Self { pairs };
+        };
+        let mut data = count.saturating_mul(8).saturating_add(4);
+        for n in 0..count {
+            let at = 4 + n * 8;
+            let (Some(k), Some(v)) = (u32_at(at), u32_at(at + 4)) else {
+                break;
+            };
+            let key = bytes.get(data..data.saturating_add(k));
+            data = data.saturating_add(k).saturating_add(1);
+            let value = bytes.get(data..data.saturating_add(v));
+            data = data.saturating_add(v).saturating_add(1);
+            let (Some(key), Some(value)) = (key, value) else {
+                break;
+            };
+            pairs.push((
+                String::from_utf8_lossy(key).into_owned(),
+                String::from_utf8_lossy(value).into_owned(),
+            ));
+        }
+        Self { pairs }
+    }
+
+    /// The first value of header `name` (names are lower case, as Envoy gives them).
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The first of `names` that is present, unless its value is empty (the
+    /// generations of a header's name, in order of precedence).
+    pub fn first(&self, names: &[&str]) -> Option<&str> {
+        names
+            .iter()
+            .find_map(|n| self.get(n))
+            .filter(|v| !v.is_empty())
+    }
+
+    /// Whether the map holds no header at all (a request always has pseudo-headers, so
+    /// this means the read failed).
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    /// The gateway-owned headers present (to strip before upstream).
+    pub fn gateway_owned(&self) -> impl Iterator<Item = &'static str> + '_ {
+        GATEWAY_OWNED
+            .into_iter()
+            .filter(|name| self.get(name).is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    fn encode(pairs: &[(&str, &str)]) -> Vec<u8> {
+        let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
+        for (k, v) in pairs {
+            out.extend((k.len() as u32).to_le_bytes());
+            out.extend((v.len() as u32).to_le_bytes());
+        }
+        for (k, v) in pairs {
+            out.extend(k.as_bytes());
+            out.push(0);
+            out.extend(v.as_bytes());
+            out.push(0);
+        }
+        out
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn reads_the_hosts_encoding() {
+        let h = HeaderMap::decode(&encode(&[
+            (":path", "/v1/completions"),
+            ("x-gateway-inference-objective", "critical"),
+            ("x-a", ""),
+            ("x-a", "second"),
+        ]));
+        assert_eq!(h.get(":path"), Some("/v1/completions"));
+        assert_eq!(
+            h.get("x-a"),
+            Some(""),
+            "the first value, as the host's lookup"
+        );
+        assert_eq!(h.get("x-missing"), None);
+        assert_eq!(h.first(&OBJECTIVE), Some("critical"));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_first_generation_present_wins_and_an_empty_value_is_none() {
+        let both = HeaderMap::decode(&encode(&[
+            ("x-llm-d-inference-fairness-id", "router"),
+            ("x-gateway-inference-fairness-id", "gie"),
+        ]));
+        assert_eq!(both.first(&FAIRNESS_ID), Some("gie"));
+        let router = HeaderMap::decode(&encode(&[("x-llm-d-inference-fairness-id", "r")]));
+        assert_eq!(router.first(&FAIRNESS_ID), Some("r"));
+        let empty = HeaderMap::decode(&encode(&[
+            ("x-gateway-inference-fairness-id", ""),
+            ("x-llm-d-inference-fairness-id", "r"),
+        ]));
+        assert_eq!(empty.first(&FAIRNESS_ID), None);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn lists_the_gateway_owned_headers_a_client_sent() {
+        let h = HeaderMap::decode(&encode(&[
+            ("x-gateway-destination-endpoint", "10.0.0.1:80"),
+            ("content-type", "application/json"),
+            ("x-llm-d-model-name-rewrite", "m"),
+        ]));
+        let owned: Vec<&str> = h.gateway_owned().collect();
+        assert_eq!(owned, vec![DESTINATION, MODEL_REWRITE[1]]);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_malformed_buffer_gives_what_it_holds_and_never_panics() {
+        let good = encode(&[("a", "1"), ("b", "2")]);
+        assert_eq!(
+            HeaderMap::decode(&good[..good.len() - 2]).get("a"),
+            Some("1")
+        );
+        assert_eq!(HeaderMap::decode(&[]).get("a"), None);
+        assert_eq!(HeaderMap::decode(&[255, 255, 255, 255]).get("a"), None);
+    }
+}

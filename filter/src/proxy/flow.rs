@@ -158,11 +158,10 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
             tokens,
         };
     };
-    let now_us = host::clock_us();
-    let now_ms = now_us / 1000;
     if !rt.flow.enabled {
         // Flow control's own in-flight record is not kept with the gate off: the ledger's.
         let saturation = || {
+            let now_ms = host::clock_us() / 1000;
             let loads = endpoint_loads(&rt);
             pool_saturation(&rt, &loads, ledger_in_flight(now_ms), now_ms)
         };
@@ -174,6 +173,8 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
             Err(e) => Admit::Reject(e),
         };
     }
+    let now_us = host::clock_us();
+    let now_ms = now_us / 1000;
     let loads = endpoint_loads(&rt);
     let control = &rt.flow.control;
     let band = control.band(req.priority);

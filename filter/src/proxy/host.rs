@@ -36,6 +36,11 @@ extern "C" {
         return_data: *mut *mut u8,
         return_size: *mut usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(
+        map_type: u32,
+        return_data: *mut *mut u8,
+        return_size: *mut usize,
+    ) -> u32;
     fn proxy_get_header_map_value(
         map_type: u32,
         key_data: *const u8,
@@ -245,6 +250,21 @@ pub fn http_call(cluster: &str, headers: &[(&str, &str)], timeout_ms: u64) -> Re
 /// The plugin configuration (the `configuration` string of the Envoy filter).
 pub fn plugin_configuration() -> Result<Vec<u8>, Status> {
     get_buffer(7, 0, usize::MAX)
+}
+
+/// Every header of a map in one call, in the host's encoding
+/// (`crate::headers::HeaderMap::decode` reads it).
+pub fn header_pairs(map: Map) -> Result<Vec<u8>, Status> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: out-pointers are valid; the returned buffer is ours (see `owned`).
+    unsafe {
+        match proxy_get_header_map_pairs(map as u32, &mut data, &mut size) {
+            OK => Ok(owned(data, size)),
+            NOT_FOUND => Ok(Vec::new()),
+            status => Err(status),
+        }
+    }
 }
 
 /// One header value; `None` when absent.

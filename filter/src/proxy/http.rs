@@ -16,7 +16,8 @@ use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
 use crate::headers::{
-    FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, SERVED, SESSION_TOKEN, SLO_TTFT, SUBSET,
+    HeaderMap, FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, SERVED, SESSION_TOKEN,
+    SLO_TTFT, SUBSET,
 };
 use crate::metrics;
 use crate::model_rewrite;
@@ -49,13 +50,6 @@ pub struct Http {
     rewrite_header: Option<String>,
     session: Option<String>,
     rewritten: Option<Rewritten>,
-}
-
-fn first_header(names: &[&str]) -> Option<String> {
-    names
-        .iter()
-        .find_map(|n| host::header(Map::RequestHeaders, n).ok().flatten())
-        .filter(|v| !v.is_empty())
 }
 
 impl Http {
@@ -172,24 +166,34 @@ impl Context for Http {
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         self.received_us = host::clock_us();
-        self.path = host::header(Map::RequestHeaders, ":path")
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        if let Some(id) = first_header(&FAIRNESS_ID) {
-            self.fairness_id = id;
+        // One host call for every header; then only the gateway-owned ones present are
+        // removed (a call each).
+        let headers = match host::header_pairs(Map::RequestHeaders) {
+            Ok(bytes) => HeaderMap::decode(&bytes),
+            Err(status) => {
+                log::warn!("cannot read the request headers: status {status}");
+                HeaderMap::decode(&[])
+            }
+        };
+        self.path = headers.get(":path").unwrap_or_default().to_string();
+        if let Some(id) = headers.first(&FAIRNESS_ID) {
+            self.fairness_id = id.to_string();
         }
-        self.objective = first_header(&OBJECTIVE);
-        self.slo_ttft_ms = slo_deadline::parse_header(first_header(&SLO_TTFT).as_deref());
-        self.subset = host::header(Map::RequestHeaders, SUBSET)
-            .ok()
-            .flatten()
-            .map(|v| parse_subset(&v));
-        self.rewrite_header = first_header(&MODEL_REWRITE);
+        self.objective = headers.first(&OBJECTIVE).map(str::to_string);
+        self.slo_ttft_ms = slo_deadline::parse_header(headers.first(&SLO_TTFT));
+        self.subset = headers.get(SUBSET).map(parse_subset);
+        self.rewrite_header = headers.first(&MODEL_REWRITE).map(str::to_string);
         if self.rt.sessions {
-            self.session = first_header(&[SESSION_TOKEN]);
+            self.session = headers.first(&[SESSION_TOKEN]).map(str::to_string);
         }
-        for name in GATEWAY_OWNED {
+        let present: Vec<&str> = headers.gateway_owned().collect();
+        let strip: &[&str] = if headers.is_empty() {
+            // The read failed: strip blindly rather than pass a client's value on.
+            &GATEWAY_OWNED
+        } else {
+            &present
+        };
+        for name in strip {
             if let Err(status) = host::remove_header(Map::RequestHeaders, name) {
                 log::warn!("cannot strip {name}: status {status}");
             }
