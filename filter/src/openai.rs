@@ -1,34 +1,83 @@
-//! Parsing of OpenAI-style inference requests (`/v1/completions`, `/v1/chat/completions`).
+//! Parsing of the requests vLLM serves: the OpenAI APIs (`/v1/completions`,
+//! `/v1/chat/completions`, `/v1/responses`, `/v1/embeddings`, conversations, audio) and
+//! vLLM's own (`/rerank`, `/score`, `/pooling`, `/classify`, `/tokenize`,
+//! `/detokenize`).
 //!
 //! Only what routing needs is kept: the model, whether the response streams, and the
-//! prompt text (for prefix-cache affinity and token estimates). Validation follows
-//! the reference's OpenAI parser: the API comes from the path suffix, `model` is
-//! required, completions need `prompt`, chat needs at least one message.
+//! prompt text (for prefix-cache affinity and token estimates). The API comes from the
+//! path. Generative APIs are validated as the reference's OpenAI parser does (`model`
+//! required, completions need `prompt`, chat needs a message, a response needs `input`);
+//! the other APIs are never refused by the gateway: their prompt text is extracted where
+//! there is one (embeddings, rerank, score, pooling, tokenize) and they are routed by
+//! load otherwise (conversations, detokenize, multipart audio), with vLLM answering what
+//! it finds wrong.
 
 use crate::errors::ApiError;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// The request parser's type name in `EndpointPickerConfig` (the only parser).
 pub const PARSER_TYPE: &str = "openai-parser";
 
-/// Which OpenAI API a request targets, from the suffix of its path.
+/// Which API a request targets, from its path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
     /// `/v1/completions` (also the default for unknown paths, as in the reference).
     Completions,
     /// `/v1/chat/completions`.
     ChatCompletions,
+    /// `/v1/responses` (OpenAI Responses API).
+    Responses,
+    /// `/v1/conversations` and its items.
+    Conversations,
+    /// `/v1/embeddings`.
+    Embeddings,
+    /// `/rerank`, `/v1/rerank`, `/v2/rerank`.
+    Rerank,
+    /// `/score`, `/v1/score`.
+    Score,
+    /// `/pooling`, `/classify`.
+    Pooling,
+    /// `/tokenize`.
+    Tokenize,
+    /// `/detokenize`.
+    Detokenize,
+    /// `/v1/audio/transcriptions`, `/v1/audio/translations` (multipart bodies).
+    Audio,
 }
 
 impl Api {
     /// Classifies a request path; the query string is ignored.
     pub fn from_path(path: &str) -> Api {
-        let path = path.split('?').next().unwrap_or(path);
+        let path = path.split('?').next().unwrap_or(path).trim_end_matches('/');
+        let last = path.rsplit('/').next().unwrap_or(path);
         if path.ends_with("/chat/completions") {
             Api::ChatCompletions
+        } else if path.contains("/audio/") {
+            Api::Audio
+        } else if path.contains("/conversations") {
+            Api::Conversations
+        } else if path.contains("/responses") {
+            Api::Responses
         } else {
-            Api::Completions
+            match last {
+                "embeddings" => Api::Embeddings,
+                "rerank" => Api::Rerank,
+                "score" => Api::Score,
+                "pooling" | "classify" => Api::Pooling,
+                "tokenize" => Api::Tokenize,
+                "detokenize" => Api::Detokenize,
+                _ => Api::Completions,
+            }
         }
+    }
+
+    /// Whether the gateway validates the body (generative APIs, as the reference);
+    /// the others are routed whatever their body, vLLM answers their errors.
+    pub fn validated(self) -> bool {
+        matches!(
+            self,
+            Api::Completions | Api::ChatCompletions | Api::Responses
+        )
     }
 }
 
@@ -50,8 +99,12 @@ pub struct InferenceRequest {
     pub cache_salt: Option<String>,
 }
 
-/// Parses a request body for `api`. Errors are the 400s a client should see.
+/// Parses a request body for `api`. Errors are the 400s a client should see; only the
+/// generative APIs ([`Api::validated`]) have any.
 pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError> {
+    if !api.validated() {
+        return Ok(lenient(api, body));
+    }
     let doc: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}"), None))?;
     let obj = doc
@@ -91,6 +144,7 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
     let max_tokens = match obj
         .get("max_tokens")
         .or_else(|| obj.get("max_completion_tokens"))
+        .or_else(|| obj.get("max_output_tokens"))
     {
         None | Some(Value::Null) => None,
         Some(v) => Some(v.as_u64().ok_or_else(|| {
@@ -101,21 +155,134 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
         })?),
     };
     let prompt = match api {
-        Api::Completions => completion_prompt(obj.get("prompt"))?,
         Api::ChatCompletions => chat_prompt(obj.get("messages"))?,
+        Api::Responses => responses_prompt(obj)?,
+        _ => completion_prompt(obj.get("prompt"))?,
     };
-    let cache_salt = obj
-        .get("cache_salt")
-        .and_then(Value::as_str)
-        .map(str::to_string);
     Ok(InferenceRequest {
         api,
         model,
         stream,
         prompt,
         max_tokens,
-        cache_salt,
+        cache_salt: cache_salt(obj),
     })
+}
+
+fn cache_salt(obj: &Map<String, Value>) -> Option<String> {
+    obj.get("cache_salt")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+/// A request of an API the gateway does not validate: whatever its body holds (a JSON
+/// object or not), the model and the prompt text when they are there.
+fn lenient(api: Api, body: &[u8]) -> InferenceRequest {
+    let mut r = InferenceRequest {
+        api,
+        model: String::new(),
+        stream: false,
+        prompt: String::new(),
+        max_tokens: None,
+        cache_salt: None,
+    };
+    if api == Api::Audio {
+        return r; // multipart: routed by load
+    }
+    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) else {
+        return r;
+    };
+    if let Some(Value::String(m)) = obj.get("model") {
+        r.model = m.clone();
+    }
+    r.stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    r.cache_salt = cache_salt(&obj);
+    let mut out = String::new();
+    let fields: &[&str] = match api {
+        Api::Embeddings | Api::Pooling => &["input", "messages"],
+        Api::Rerank => &["query", "documents"],
+        Api::Score => &["text_1", "text_2", "queries", "documents"],
+        Api::Tokenize => &["prompt", "messages"],
+        _ => &[],
+    };
+    for f in fields {
+        if let Some(v) = obj.get(*f) {
+            if *f == "messages" {
+                out.push_str(&chat_prompt(Some(v)).unwrap_or_default());
+            } else {
+                text_of(v, &mut out);
+            }
+        }
+    }
+    r.prompt = out;
+    r
+}
+
+/// The text in a value: strings as they are, token ids as numbers followed by a space
+/// (so equal token prompts hash equally), lists in order, objects by their `text` or
+/// `content` field.
+fn text_of(v: &Value, out: &mut String) {
+    match v {
+        Value::String(s) => out.push_str(s),
+        Value::Number(n) => {
+            out.push_str(&n.to_string());
+            out.push(' ');
+        }
+        Value::Array(items) => items.iter().for_each(|i| text_of(i, out)),
+        Value::Object(o) => {
+            if let Some(t) = o.get("text").or_else(|| o.get("content")) {
+                text_of(t, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The Responses API prompt: `instructions`, then `input` (a string, or items with a
+/// role and content), as `role: content` lines like chat.
+fn responses_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
+    let mut out = String::new();
+    if let Some(Value::String(i)) = obj.get("instructions") {
+        out.push_str("system: ");
+        out.push_str(i);
+        out.push('\n');
+    }
+    match obj.get("input") {
+        Some(Value::String(s)) => {
+            out.push_str("user: ");
+            out.push_str(s);
+            out.push('\n');
+        }
+        Some(Value::Array(items)) => {
+            for item in items {
+                let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+                out.push_str(role);
+                out.push_str(": ");
+                match item {
+                    Value::Object(o) => {
+                        if let Some(c) = o.get("content") {
+                            text_of(c, &mut out);
+                        }
+                    }
+                    other => text_of(other, &mut out),
+                }
+                out.push('\n');
+            }
+        }
+        None | Some(Value::Null) => {
+            return Err(ApiError::bad_request(
+                "missing required field `input`",
+                Some("input"),
+            ))
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`input` must be a string or a list of items",
+                Some("input"),
+            ))
+        }
+    }
+    Ok(out)
 }
 
 fn completion_prompt(v: Option<&Value>) -> Result<String, ApiError> {
@@ -205,6 +372,95 @@ mod tests {
         );
         assert_eq!(Api::from_path("/v1/completions"), Api::Completions);
         assert_eq!(Api::from_path("/other"), Api::Completions);
+        for (path, api) in [
+            ("/v1/responses", Api::Responses),
+            ("/v1/conversations", Api::Conversations),
+            ("/v1/conversations/c1/items", Api::Conversations),
+            ("/v1/embeddings", Api::Embeddings),
+            ("/rerank", Api::Rerank),
+            ("/v1/rerank", Api::Rerank),
+            ("/v2/rerank", Api::Rerank),
+            ("/score", Api::Score),
+            ("/v1/score", Api::Score),
+            ("/pooling", Api::Pooling),
+            ("/classify", Api::Pooling),
+            ("/tokenize", Api::Tokenize),
+            ("/detokenize", Api::Detokenize),
+            ("/v1/audio/transcriptions", Api::Audio),
+            ("/v1/audio/translations", Api::Audio),
+        ] {
+            assert_eq!(Api::from_path(path), api, "{path}");
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_responses_request_reads_its_instructions_and_input() {
+        let r = parse_request(
+            Api::Responses,
+            br#"{"model":"m","instructions":"be brief","input":[
+                {"role":"user","content":[{"type":"input_text","text":"hi"}]},
+                {"role":"assistant","content":"hello"}],"stream":true,"max_output_tokens":9}"#,
+        )
+        .unwrap();
+        assert_eq!(r.prompt, "system: be brief\nuser: hi\nassistant: hello\n");
+        assert!(r.stream);
+        assert_eq!(r.max_tokens, Some(9));
+        let s = parse_request(Api::Responses, br#"{"model":"m","input":"hi"}"#).unwrap();
+        assert_eq!(s.prompt, "user: hi\n");
+        let e = parse_request(Api::Responses, br#"{"model":"m"}"#).unwrap_err();
+        assert_eq!((e.status, e.param), (400, Some("input")));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn pooling_apis_give_their_text_and_are_never_refused() {
+        let cases: [(Api, &[u8], &str, &str); 7] = [
+            (
+                Api::Embeddings,
+                br#"{"model":"e","input":["a","b"]}"#,
+                "e",
+                "ab",
+            ),
+            (Api::Embeddings, br#"{"input":[1,2]}"#, "", "1 2 "),
+            (
+                Api::Rerank,
+                br#"{"model":"r","query":"q","documents":["d1",{"text":"d2"}]}"#,
+                "r",
+                "qd1d2",
+            ),
+            (
+                Api::Score,
+                br#"{"text_1":"x","text_2":["y","z"]}"#,
+                "",
+                "xyz",
+            ),
+            (
+                Api::Pooling,
+                br#"{"model":"p","messages":[{"role":"user","content":"hi"}]}"#,
+                "p",
+                "user: hi\n",
+            ),
+            (
+                Api::Tokenize,
+                br#"{"model":"t","prompt":"abc"}"#,
+                "t",
+                "abc",
+            ),
+            (Api::Detokenize, br#"{"model":"t","tokens":[1,2]}"#, "t", ""),
+        ];
+        for (api, body, model, prompt) in cases {
+            let r = parse_request(api, body).unwrap();
+            assert_eq!(
+                (r.model.as_str(), r.prompt.as_str()),
+                (model, prompt),
+                "{api:?}"
+            );
+        }
+        // Bodies the gateway cannot read are vLLM's to answer, not refused here.
+        for api in [Api::Embeddings, Api::Conversations, Api::Audio, Api::Rerank] {
+            let r = parse_request(api, b"--boundary\r\nContent-Disposition: form-data").unwrap();
+            assert_eq!(r.prompt, "");
+            assert!(parse_request(api, b"").is_ok());
+        }
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -15,7 +15,7 @@ use crate::flow_control::legacy;
 use crate::flow_control::ordering::OrderInputs;
 use crate::flow_control::outcome::Outcome;
 use crate::flow_control::parked::ParkedRequest;
-use crate::flow_control::saturation::{concurrency, EndpointLoad, PoolLoad};
+use crate::flow_control::saturation::{concurrency, with_unseen, EndpointLoad, PoolLoad};
 use crate::flow_control::state::{
     Admission, Cancelled, FlowRef, FlowState, Grant, Head, HEADS_PER_QUEUE, STATE_KEY,
 };
@@ -76,9 +76,10 @@ fn endpoint_loads(rt: &Runtime) -> Vec<EndpointLoad> {
 
 /// The pool's saturation for `state` (in-flight counts come from the shared state).
 fn saturation(rt: &Runtime, loads: &[EndpointLoad], state: &FlowState, now_ms: u64) -> f64 {
+    let loads = with_unseen(loads, |since| state.dispatched_since(since));
     pool_saturation(
         rt,
-        loads,
+        &loads,
         (state.in_flight(), state.in_flight_tokens()),
         now_ms,
     )

@@ -226,7 +226,15 @@ impl HttpContext for Http {
             Ok(r) => r,
             Err(e) => return self.reject(&e, ""),
         };
-        let target = self.target_model(&request.model);
+        // A multipart body (audio) cannot be rewritten; a request naming no model is left
+        // to the server's default unless the client asked for a rewrite.
+        let rewritable = request.api != Api::Audio
+            && (!request.model.is_empty() || self.rewrite_header.is_some());
+        let target = if rewritable {
+            self.target_model(&request.model)
+        } else {
+            request.model.clone()
+        };
         let mut body = body;
         let mut replaced = false;
         if target != request.model {

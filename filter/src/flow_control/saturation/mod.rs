@@ -38,6 +38,26 @@ impl EndpointLoad {
     };
 }
 
+/// `loads` with the requests dispatched since each endpoint's scrape added to its queue:
+/// `unseen(t)` is how many the gateway dispatched after time `t` (pool-wide; which
+/// endpoint each went to is decided later, so each endpoint takes an equal share). Without
+/// this, a dispatch cycle between two scrapes sees the old queues and can release far more
+/// than the pool has room for. An endpoint never scraped is left as it is (it already
+/// reads as saturated).
+pub fn with_unseen(loads: &[EndpointLoad], unseen: impl Fn(u64) -> u64) -> Vec<EndpointLoad> {
+    let share = 1.0 / loads.len().max(1) as f64;
+    loads
+        .iter()
+        .map(|l| match l.updated_ms {
+            Some(t) => EndpointLoad {
+                waiting: l.waiting + unseen(t) as f64 * share,
+                ..*l
+            },
+            None => *l,
+        })
+        .collect()
+}
+
 /// The pool as the detectors see it at one instant.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolLoad<'a> {
@@ -92,5 +112,48 @@ impl Detector {
             Self::Utilization(p) => p.saturation(pool.endpoints, pool.now_ms),
             Self::Concurrency(p) => p.saturation(pool),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn dispatches_after_a_scrape_raise_the_utilization_it_reads() {
+        let loads = [
+            EndpointLoad::scraped(2, 0.1, Some(1_000)),
+            EndpointLoad::scraped(2, 0.1, Some(1_050)),
+        ];
+        let detector = Detector::default(); // queueDepthThreshold 5
+        let pool = |l: &[EndpointLoad]| {
+            detector.saturation(&PoolLoad {
+                endpoints: l,
+                endpoint_count: 2,
+                in_flight_requests: 0,
+                in_flight_tokens: 0,
+                now_ms: 1_100,
+            })
+        };
+        assert!(pool(&loads) < 1.0);
+        // Six dispatches at 1_060: both scrapes predate them, each endpoint takes three.
+        let dispatched = [1_060_u64; 6];
+        let unseen = |t: u64| dispatched.iter().filter(|d| **d > t).count() as u64;
+        let adjusted = with_unseen(&loads, unseen);
+        assert_eq!(adjusted[0].waiting, 5.0);
+        assert_eq!(adjusted[1].waiting, 5.0);
+        assert!(
+            pool(&adjusted) >= 1.0,
+            "the pool reads full after the burst"
+        );
+        // A scrape after the dispatches already shows them: nothing is added.
+        let fresh = [EndpointLoad::scraped(5, 0.1, Some(1_070))];
+        assert_eq!(with_unseen(&fresh, unseen)[0].waiting, 5.0);
+        // Never scraped: unchanged.
+        assert_eq!(
+            with_unseen(&[EndpointLoad::UNKNOWN], |_| 9)[0],
+            EndpointLoad::UNKNOWN
+        );
     }
 }
