@@ -16,6 +16,9 @@ pub struct ApiError {
     pub message: String,
     /// The request field at fault, when there is one.
     pub param: Option<&'static str>,
+    /// Why flow control dropped the request (`x-llm-d-request-dropped-reason`), when it
+    /// did; such replies also carry `Retry-After`.
+    pub dropped: Option<&'static str>,
 }
 
 impl ApiError {
@@ -26,6 +29,7 @@ impl ApiError {
             kind: "invalid_request_error",
             message: message.into(),
             param,
+            dropped: None,
         }
     }
 
@@ -39,6 +43,7 @@ impl ApiError {
                  (pool.maxRequestBodyBytes)"
             ),
             param: None,
+            dropped: None,
         }
     }
 
@@ -49,6 +54,7 @@ impl ApiError {
             kind: "service_unavailable",
             message: message.into(),
             param: None,
+            dropped: None,
         }
     }
 
@@ -59,10 +65,25 @@ impl ApiError {
             kind: "internal_error",
             message: message.into(),
             param: None,
+            dropped: None,
         }
     }
 
     /// The JSON body of the local reply.
+    /// The same error, marked as a flow-control drop for `reason` (one of the router's
+    /// `x-llm-d-request-dropped-reason` values).
+    pub fn dropped(mut self, reason: &'static str) -> Self {
+        self.dropped = Some(reason);
+        self
+    }
+
+    /// Seconds a client should wait before retrying (`Retry-After`): set on flow
+    /// control's 429 and 503, whose condition (a full queue, a saturated pool) clears on
+    /// the scale of the pool's request times.
+    pub fn retry_after_s(&self) -> Option<u32> {
+        (self.dropped.is_some() && matches!(self.status, 429 | 503)).then_some(1)
+    }
+
     pub fn body(&self) -> String {
         json!({
             "error": {

@@ -33,6 +33,11 @@ pub const SLO_TTFT: [&str; 2] = ["x-slo-ttft-ms", "x-llm-d-slo-ttft-ms"];
 pub const MODEL_REWRITE: [&str; 2] = ["x-gateway-model-name-rewrite", "x-llm-d-model-name-rewrite"];
 /// Session affinity: the client sends back the token the gateway answered with.
 pub const SESSION_TOKEN: &str = "x-session-token";
+/// On a flow-control refusal: why the request was dropped (the llm-d router's values).
+pub const DROPPED_REASON: &str = "x-llm-d-request-dropped-reason";
+/// On a flow-control 429 or 503: seconds to wait before retrying.
+pub const RETRY_AFTER: &str = "retry-after";
+
 /// On the metrics callouts: the endpoint the `ORIGINAL_DST` scrape cluster connects to.
 pub const ORIGINAL_DST_HOST: &str = "x-envoy-original-dst-host";
 

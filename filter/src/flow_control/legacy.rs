@@ -3,6 +3,7 @@
 //! while the pool is saturated, everything else goes straight to scheduling.
 
 use crate::errors::ApiError;
+use crate::flow_control::outcome::DROPPED_SATURATED;
 
 /// The decision for a request of `priority`; `saturation` is read only for sheddable
 /// requests (it costs a shared-data read).
@@ -13,6 +14,7 @@ pub fn admit(priority: i32, saturation: impl FnOnce() -> f64) -> Result<(), ApiE
             kind: "rate_limit_error",
             message: "system saturated, sheddable request dropped".into(),
             param: None,
+            dropped: Some(DROPPED_SATURATED),
         });
     }
     Ok(())
@@ -26,6 +28,9 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn only_sheddable_requests_are_refused_and_only_while_saturated() {
         assert_eq!(admit(-1, || 1.0).map_err(|e| e.status), Err(429));
+        let e = admit(-1, || 1.0).unwrap_err();
+        assert_eq!(e.dropped, Some("rejected-saturated"));
+        assert_eq!(e.retry_after_s(), Some(1));
         assert_eq!(admit(-1, || 2.5).map_err(|e| e.status), Err(429));
         assert!(admit(-1, || 0.99).is_ok());
         assert!(admit(0, || 5.0).is_ok());

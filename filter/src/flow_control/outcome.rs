@@ -39,25 +39,37 @@ impl Outcome {
         match self {
             Self::Dispatched => None,
             Self::RejectedCapacity(limit) => Some(ApiError {
+                dropped: Some(DROPPED_SATURATED),
                 status: 429,
                 kind: "rate_limit_error",
                 message: format!("flow control queue is full: {}", limit_text(*limit)),
                 param: None,
             }),
-            Self::EvictedTtl => Some(ApiError::unavailable(format!(
-                "request timed out in queue: waited longer than the queue TTL of {ttl_ms} ms \
-                 (flowControl.defaultRequestTTL) for the pool to have room"
-            ))),
-            Self::EvictedContextCancelled => {
-                Some(ApiError::unavailable("client disconnected: request removed from the queue"))
-            }
+            Self::EvictedTtl => Some(
+                ApiError::unavailable(format!(
+                    "request timed out in queue: waited longer than the queue TTL of {ttl_ms} ms \
+                     (flowControl.defaultRequestTTL) for the pool to have room"
+                ))
+                .dropped("rejected-ttl-expired"),
+            ),
+            Self::EvictedContextCancelled => Some(
+                ApiError::unavailable("client disconnected: request removed from the queue")
+                    .dropped("rejected-context-cancelled"),
+            ),
             Self::RejectedOther => Some(ApiError::internal("internal flow control error")),
-            Self::EvictedOther => Some(ApiError::internal(
-                "internal flow control error: the gateway is shutting down; the request was not sent",
-            )),
+            Self::EvictedOther => Some(
+                ApiError::internal(
+                    "internal flow control error: the gateway is shutting down; the request was not sent",
+                )
+                .dropped("rejected-shutting-down"),
+            ),
         }
     }
 }
+
+/// `x-llm-d-request-dropped-reason` of a request refused because the pool or the queue
+/// is full.
+pub const DROPPED_SATURATED: &str = "rejected-saturated";
 
 fn limit_text(limit: Limit) -> &'static str {
     match limit {
@@ -98,5 +110,31 @@ mod tests {
         let e = Outcome::EvictedTtl.error(1500).unwrap();
         assert!(e.message.contains("1500 ms"));
         assert_eq!(Outcome::EvictedTtl.label(), "EvictedTTL");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn drops_say_why_in_the_routers_words_and_when_to_retry() {
+        let of = |o: Outcome| {
+            let e = o.error(1000).unwrap();
+            (e.dropped, e.retry_after_s())
+        };
+        assert_eq!(
+            of(Outcome::RejectedCapacity(Limit::GlobalRequests)),
+            (Some("rejected-saturated"), Some(1))
+        );
+        assert_eq!(
+            of(Outcome::EvictedTtl),
+            (Some("rejected-ttl-expired"), Some(1))
+        );
+        assert_eq!(
+            of(Outcome::EvictedContextCancelled),
+            (Some("rejected-context-cancelled"), Some(1))
+        );
+        // A 500 is not worth retrying on a timer.
+        assert_eq!(
+            of(Outcome::EvictedOther),
+            (Some("rejected-shutting-down"), None)
+        );
+        assert_eq!(of(Outcome::RejectedOther), (None, None));
     }
 }

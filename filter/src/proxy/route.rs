@@ -8,7 +8,7 @@
 
 use super::{host, host::Map, stats, store::HostStore, vm};
 use crate::errors::ApiError;
-use crate::headers::{DESTINATION, PREFILLER, PRIMARY};
+use crate::headers::{DESTINATION, DROPPED_REASON, PREFILLER, PRIMARY, RETRY_AFTER};
 use crate::inflight;
 use crate::metrics;
 use crate::openai::{parse_request, Api, InferenceRequest};
@@ -222,7 +222,8 @@ pub fn release(vm: u64, endpoint: &str, tokens: u64) {
     }
 }
 
-/// Answers the current stream with an OpenAI-style error. `false` if the host refused.
+/// Answers the current stream with an OpenAI-style error (with a flow-control drop's
+/// reason and `Retry-After`). `false` if the host refused.
 pub fn reply(error: &ApiError, model: &str, extra: &[(&str, &str)]) -> bool {
     stats::add(
         &metrics::OBJECTIVE_REQUEST_ERROR_TOTAL,
@@ -230,7 +231,14 @@ pub fn reply(error: &ApiError, model: &str, extra: &[(&str, &str)]) -> bool {
         1,
     );
     let body = error.body();
+    let retry_after = error.retry_after_s().map(|s| s.to_string());
     let mut headers = vec![("content-type", "application/json")];
+    if let Some(reason) = error.dropped {
+        headers.push((DROPPED_REASON, reason));
+    }
+    if let Some(s) = &retry_after {
+        headers.push((RETRY_AFTER, s.as_str()));
+    }
     headers.extend_from_slice(extra);
     match host::send_local_response(error.status, &headers, body.as_bytes()) {
         Ok(()) => true,
