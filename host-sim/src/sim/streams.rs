@@ -2,13 +2,69 @@
 //! continue, buffering, the router, local replies, the client's view, and the end of the
 //! stream (`on_log`, `on_done`, `on_delete`).
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
-use crate::world::clock::US;
+use super::events::Ev;
+use super::upstreams::{UpRef, UpReq};
+use super::vms::Vms;
+use super::{FailurePolicy, Sim};
+use crate::host::vm::{Callback, HttpData};
+use crate::slot_of_worker;
+use crate::world::balancers::{Candidate, Pick};
+use crate::world::client::Connections;
+use crate::world::clock::{Nanos, US};
+use crate::world::invariants::Violation;
+use crate::world::outcomes::{Final, Outcome};
+use crate::world::upstream::UpstreamRequest;
+use crate::world::workload::RequestSpec;
+use anyhow::Result;
+
+/// The clients' requests, by id: what each client sends, Envoy's stream for it, and
+/// what the client saw.
+#[derive(Default)]
+pub(super) struct Requests {
+    /// What each client sends, and when.
+    pub(super) specs: Vec<RequestSpec>,
+    /// Envoy's stream for each.
+    pub(super) streams: Vec<Stream>,
+    /// What each client saw.
+    pub(super) outcomes: Vec<Outcome>,
+    /// Clients' connections and the worker each one landed on.
+    pub(super) conns: Connections,
+    /// Streams that finished during the current event: their filter contexts end
+    /// (`on_log`, `on_done`, `on_delete`) after it, as Envoy's deferred deletion does.
+    pub(super) finished: Vec<usize>,
+}
+
+#[derive(Default)]
+pub(super) struct Stream {
+    pub(super) worker: usize,
+    pub(super) vm: usize,
+    pub(super) ctx: u32,
+    pub(super) filter: bool,
+    pub(super) started: bool,
+    pub(super) body_len: usize,
+    pub(super) body_complete: bool,
+    pub(super) stop_all: bool,
+    pub(super) headers_passed: bool,
+    pub(super) req_stopped: bool,
+    pub(super) eos_passed: bool,
+    pub(super) endpoint: Option<String>,
+    pub(super) uid: Option<u64>,
+    pub(super) head_sent: bool,
+    pub(super) resp_stopped: bool,
+    pub(super) resp_end_pending: bool,
+    pub(super) upstream_ended: bool,
+    pub(super) in_local_reply: bool,
+    pub(super) finished: bool,
+    pub(super) completed: bool,
+    pub(super) last_client: Nanos,
+    pub(super) last_activity: Nanos,
+    pub(super) paused: bool,
+    pub(super) delivered: usize,
+}
 
 impl Sim {
     pub(super) fn http<'a>(vms: &'a mut Vms, s: &Stream) -> Option<&'a mut HttpData> {
-        vms.0
+        vms.all
             .get_mut(s.vm)?
             .as_mut()?
             .store
@@ -19,7 +75,7 @@ impl Sim {
 
     /// Calls a stream callback; if the VM is dead, Envoy fails the stream (503).
     pub(super) fn stream_call(&mut self, sid: usize, cb: impl Fn(u32) -> Callback) -> Option<i32> {
-        let s = &self.streams[sid];
+        let s = &self.requests.streams[sid];
         if !s.filter || s.finished {
             return None;
         }
@@ -28,22 +84,22 @@ impl Sim {
             self.fail_stream(sid);
             return None;
         }
-        self.streams[sid].last_activity = self.now;
+        self.requests.streams[sid].last_activity = self.now;
         let r = self.call(vm, cb(ctx));
-        if r.is_none() && !self.streams[sid].finished {
+        if r.is_none() && !self.requests.streams[sid].finished {
             self.fail_stream(sid);
         }
         r
     }
 
     pub(super) fn on_headers(&mut self, rid: usize) -> Result<()> {
-        if self.outcomes[rid].fin != Final::Pending {
+        if self.requests.outcomes[rid].fin != Final::Pending {
             return Ok(()); // the client already gave up
         }
-        let worker = self.streams[rid].worker;
-        self.outcomes[rid].worker = Some(worker);
+        let worker = self.requests.streams[rid].worker;
+        self.requests.outcomes[rid].worker = Some(worker);
         let slot = slot_of_worker(worker);
-        let mut vm = self.slot_vm[slot];
+        let mut vm = self.vms.by_slot[slot];
         let mut filter = true;
         if let Some(v) = vm {
             if let Some((failed_at, _)) = self.vms[v].failed {
@@ -53,7 +109,7 @@ impl Sim {
                     FailurePolicy::FailReload => {
                         if self.now >= failed_at + self.cfg.reload_backoff {
                             let n = self.new_vm(slot)?;
-                            self.reloads += 1;
+                            self.record.reloads += 1;
                             vm = Some(n);
                         } else {
                             vm = None;
@@ -65,10 +121,10 @@ impl Sim {
         // The plugin was removed (`Control::RemovePlugin`): the listener's new filter
         // chain no longer has the Wasm filter, so the request goes to the router as is.
         // A stand-in balancer (`Sim::set_balancer`) also routes without the filter.
-        if self.removed_at.is_some() || self.balancer.is_some() {
+        if self.vms.removed_at.is_some() || self.upstreams.balancer.is_some() {
             filter = false;
         }
-        let spec = &self.specs[rid];
+        let spec = &self.requests.specs[rid];
         let mut headers = vec![
             (":authority".to_string(), "gateway.local".to_string()),
             (":path".to_string(), spec.path.clone()),
@@ -88,7 +144,7 @@ impl Sim {
         ));
         let body_len = spec.body.len();
         let eos = body_len == 0;
-        let st = &mut self.streams[rid];
+        let st = &mut self.requests.streams[rid];
         st.worker = worker;
         st.started = true;
         st.body_len = body_len;
@@ -131,16 +187,17 @@ impl Sim {
             );
             ctx
         };
-        self.streams[rid].ctx = ctx;
+        self.requests.streams[rid].ctx = ctx;
         let root = self.vms[vm].store.data().root_id;
         self.call(vm, Callback::ContextCreate(ctx, root));
         if self.vms[vm].failed.is_some() {
-            if !self.streams[rid].finished {
+            if !self.requests.streams[rid].finished {
                 self.fail_stream(rid);
             }
             return Ok(());
         }
-        let n = Self::http(&mut self.vms, &self.streams[rid]).map_or(0, |h| h.req_headers.len());
+        let n = Self::http(&mut self.vms, &self.requests.streams[rid])
+            .map_or(0, |h| h.req_headers.len());
         let r = self.stream_call(rid, |c| Callback::RequestHeaders(c, n as u32, eos));
         let Some(action) = r else { return Ok(()) };
         self.after_request_action(rid, action, eos, true);
@@ -148,7 +205,7 @@ impl Sim {
     }
 
     pub(super) fn schedule_body(&mut self, rid: usize) {
-        let len = self.streams[rid].body_len;
+        let len = self.requests.streams[rid].body_len;
         if len == 0 {
             return;
         }
@@ -172,38 +229,38 @@ impl Sim {
         eos: bool,
         headers_cb: bool,
     ) {
-        if self.streams[sid].finished {
+        if self.requests.streams[sid].finished {
             return;
         }
         if action == 0 {
             // Continue: everything the filter held goes on.
-            self.streams[sid].req_stopped = false;
+            self.requests.streams[sid].req_stopped = false;
             self.set_paused(sid, false);
-            if !self.streams[sid].headers_passed {
-                let headers = Self::http(&mut self.vms, &self.streams[sid])
+            if !self.requests.streams[sid].headers_passed {
+                let headers = Self::http(&mut self.vms, &self.requests.streams[sid])
                     .map(|h| h.req_headers.clone())
                     .unwrap_or_default();
                 self.pass_headers(sid, headers);
             }
-            if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
+            if let Some(h) = Self::http(&mut self.vms, &self.requests.streams[sid]) {
                 h.req_body.clear();
             }
-            if eos && !self.streams[sid].finished {
+            if eos && !self.requests.streams[sid].finished {
                 self.pass_eos(sid);
             }
         } else {
-            self.streams[sid].req_stopped = true;
+            self.requests.streams[sid].req_stopped = true;
             if headers_cb && !self.cfg.allow_on_headers_stop_iteration {
                 // StopAllIterationAndWatermark: no body callbacks until continued.
-                self.streams[sid].stop_all = true;
+                self.requests.streams[sid].stop_all = true;
             }
             if eos {
                 // Held with the whole request in hand: the request waits in the filter.
                 self.set_paused(sid, true);
             }
             if !eos {
-                let size =
-                    Self::http(&mut self.vms, &self.streams[sid]).map_or(0, |h| h.req_body.len());
+                let size = Self::http(&mut self.vms, &self.requests.streams[sid])
+                    .map_or(0, |h| h.req_body.len());
                 if size > self.cfg.buffer_limit {
                     self.local_reply(sid, 413, b"Payload Too Large".to_vec(), Vec::new(), true);
                 }
@@ -212,37 +269,38 @@ impl Sim {
     }
 
     pub(super) fn set_paused(&mut self, sid: usize, paused: bool) {
-        let s = &mut self.streams[sid];
-        if paused && !s.paused && self.outcomes[sid].enqueued_at.is_none() {
-            self.outcomes[sid].enqueued_at = Some(self.now);
+        let s = &mut self.requests.streams[sid];
+        if paused && !s.paused && self.requests.outcomes[sid].enqueued_at.is_none() {
+            self.requests.outcomes[sid].enqueued_at = Some(self.now);
         }
         s.paused = paused;
     }
 
     pub(super) fn on_body(&mut self, rid: usize, len: usize) {
-        let s = &self.streams[rid];
+        let s = &self.requests.streams[rid];
         if !s.started || s.finished {
             return;
         }
         let start = s.delivered;
-        let data = self.specs[rid].body[start..start + len].to_vec();
-        self.streams[rid].last_activity = self.now;
-        self.streams[rid].delivered += len;
-        if !self.streams[rid].filter {
+        let data = self.requests.specs[rid].body[start..start + len].to_vec();
+        self.requests.streams[rid].last_activity = self.now;
+        self.requests.streams[rid].delivered += len;
+        if !self.requests.streams[rid].filter {
             return; // no filter: straight to the router
         }
-        if let Some(h) = Self::http(&mut self.vms, &self.streams[rid]) {
+        if let Some(h) = Self::http(&mut self.vms, &self.requests.streams[rid]) {
             h.req_body.extend_from_slice(&data);
         }
-        if self.streams[rid].stop_all {
-            let size =
-                Self::http(&mut self.vms, &self.streams[rid]).map_or(0, |h| h.req_body.len());
+        if self.requests.streams[rid].stop_all {
+            let size = Self::http(&mut self.vms, &self.requests.streams[rid])
+                .map_or(0, |h| h.req_body.len());
             if size > self.cfg.buffer_limit {
                 self.local_reply(rid, 413, b"Payload Too Large".to_vec(), Vec::new(), true);
             }
             return;
         }
-        let size = Self::http(&mut self.vms, &self.streams[rid]).map_or(0, |h| h.req_body.len());
+        let size =
+            Self::http(&mut self.vms, &self.requests.streams[rid]).map_or(0, |h| h.req_body.len());
         let Some(action) = self.stream_call(rid, |c| Callback::RequestBody(c, size as u32, false))
         else {
             return;
@@ -251,7 +309,7 @@ impl Sim {
     }
 
     pub(super) fn on_body_end(&mut self, rid: usize) {
-        let s = &mut self.streams[rid];
+        let s = &mut self.requests.streams[rid];
         if !s.started || s.finished {
             return;
         }
@@ -267,7 +325,8 @@ impl Sim {
         if s.headers_passed && !s.req_stopped {
             // Iteration continues: the end of stream still goes through the filter.
         }
-        let size = Self::http(&mut self.vms, &self.streams[rid]).map_or(0, |h| h.req_body.len());
+        let size =
+            Self::http(&mut self.vms, &self.requests.streams[rid]).map_or(0, |h| h.req_body.len());
         let Some(action) = self.stream_call(rid, |c| Callback::RequestBody(c, size as u32, true))
         else {
             return;
@@ -276,26 +335,26 @@ impl Sim {
     }
 
     pub(super) fn continue_request(&mut self, sid: usize) {
-        let s = &mut self.streams[sid];
+        let s = &mut self.requests.streams[sid];
         if s.finished || (!s.req_stopped && !s.stop_all) {
             return;
         }
         s.req_stopped = false;
         s.stop_all = false;
         self.set_paused(sid, false);
-        if !self.streams[sid].headers_passed {
-            let headers = Self::http(&mut self.vms, &self.streams[sid])
+        if !self.requests.streams[sid].headers_passed {
+            let headers = Self::http(&mut self.vms, &self.requests.streams[sid])
                 .map(|h| h.req_headers.clone())
                 .unwrap_or_default();
             self.pass_headers(sid, headers);
         }
-        if self.streams[sid].finished {
+        if self.requests.streams[sid].finished {
             return;
         }
-        if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
+        if let Some(h) = Self::http(&mut self.vms, &self.requests.streams[sid]) {
             h.req_body.clear();
         }
-        let s = &self.streams[sid];
+        let s = &self.requests.streams[sid];
         if s.body_len == 0 || s.body_complete {
             self.pass_eos(sid);
         }
@@ -303,11 +362,11 @@ impl Sim {
 
     /// The request headers leave the filter: the router picks the upstream.
     pub(super) fn pass_headers(&mut self, sid: usize, headers: Vec<(String, String)>) {
-        self.streams[sid].headers_passed = true;
-        if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
+        self.requests.streams[sid].headers_passed = true;
+        if let Some(h) = Self::http(&mut self.vms, &self.requests.streams[sid]) {
             h.req_headers_writable = false;
         }
-        let dst = if self.balancer.is_some() {
+        let dst = if self.upstreams.balancer.is_some() {
             self.balance(sid)
         } else {
             headers
@@ -318,8 +377,8 @@ impl Sim {
         .filter(|v| v.parse::<std::net::SocketAddr>().is_ok());
         match dst {
             Some(d) => {
-                self.streams[sid].endpoint = Some(d.clone());
-                self.outcomes[sid].endpoint = Some(d);
+                self.requests.streams[sid].endpoint = Some(d.clone());
+                self.requests.outcomes[sid].endpoint = Some(d);
             }
             None => {
                 self.local_reply(sid, 503, b"no healthy upstream".to_vec(), Vec::new(), true);
@@ -330,56 +389,58 @@ impl Sim {
     /// The stand-in balancer's choice among the endpoints that are up.
     fn balance(&mut self, sid: usize) -> Option<String> {
         let candidates: Vec<Candidate> = self
+            .upstreams
             .endpoints
             .iter()
             .filter(|e| e.up)
             .map(|e| Candidate {
                 addr: e.addr.clone(),
-                in_flight: self.in_flight.get(&e.addr).copied().unwrap_or(0),
+                in_flight: self.upstreams.in_flight.get(&e.addr).copied().unwrap_or(0),
             })
             .collect();
-        let spec = &self.specs[sid];
+        let spec = &self.requests.specs[sid];
         let pick = Pick {
             now: self.now,
-            worker: self.streams[sid].worker,
+            worker: self.requests.streams[sid].worker,
             path: &spec.path,
             body: &spec.body,
             candidates: &candidates,
         };
-        self.balancer.as_mut()?.pick(&pick)
+        self.upstreams.balancer.as_mut()?.pick(&pick)
     }
 
     /// The end of the request leaves the filter: the router sends it upstream.
     pub(super) fn pass_eos(&mut self, sid: usize) {
-        let s = &mut self.streams[sid];
+        let s = &mut self.requests.streams[sid];
         if s.eos_passed || s.finished {
             return;
         }
         s.eos_passed = true;
         self.set_paused(sid, false);
-        let Some(ep_addr) = self.streams[sid].endpoint.clone() else {
+        let Some(ep_addr) = self.requests.streams[sid].endpoint.clone() else {
             return;
         };
-        self.outcomes[sid].dispatched_at = Some(self.now);
+        self.requests.outcomes[sid].dispatched_at = Some(self.now);
         let lat = self.cfg.network.upstream.draw(&mut self.rng);
         let ep = self
-            .ep_index
+            .upstreams
+            .by_addr
             .get(&ep_addr)
             .copied()
-            .filter(|&e| self.endpoints[e].up);
+            .filter(|&e| self.upstreams.endpoints[e].up);
         let Some(ep) = ep else {
             self.push(self.now + 2 * lat, Ev::ConnectFail { rid: sid });
             return;
         };
-        let headers = Self::http(&mut self.vms, &self.streams[sid])
+        let headers = Self::http(&mut self.vms, &self.requests.streams[sid])
             .map(|h| h.req_headers.clone())
             .unwrap_or_else(|| {
                 vec![
-                    (":path".into(), self.specs[sid].path.clone()),
-                    (":method".into(), self.specs[sid].method.clone()),
+                    (":path".into(), self.requests.specs[sid].path.clone()),
+                    (":method".into(), self.requests.specs[sid].method.clone()),
                 ]
             });
-        if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
+        if let Some(h) = Self::http(&mut self.vms, &self.requests.streams[sid]) {
             h.upstream_address = Some(ep_addr.clone());
         }
         let get = |n: &str| {
@@ -392,24 +453,16 @@ impl Sim {
         let req = UpstreamRequest {
             method: get(":method"),
             path: get(":path"),
-            body: self.specs[sid].body.clone(),
+            body: self.requests.specs[sid].body.clone(),
             headers,
         };
-        let uid = self.next_uid;
-        self.next_uid += 1;
-        self.streams[sid].uid = Some(uid);
-        *self.in_flight.entry(ep_addr).or_default() += 1;
-        self.upreqs.insert(
-            uid,
-            UpReq {
-                owner: UpRef::Stream(sid),
-                ep,
-                req: Some(req),
-                last_delivery: 0,
-                callout: CalloutResponse::default(),
-                done: false,
-            },
-        );
+        let uid = self.upstreams.next_uid;
+        self.upstreams.next_uid += 1;
+        self.requests.streams[sid].uid = Some(uid);
+        *self.upstreams.in_flight.entry(ep_addr).or_default() += 1;
+        self.upstreams
+            .active
+            .insert(uid, UpReq::new(UpRef::Stream(sid), ep, req));
         self.push(self.now + lat, Ev::UpstreamArrive { uid });
     }
 
@@ -419,39 +472,39 @@ impl Sim {
         status: u16,
         headers: Vec<(String, String)>,
     ) {
-        if self.streams[sid].finished {
+        if self.requests.streams[sid].finished {
             return;
         }
         let mut all = vec![(":status".to_string(), status.to_string())];
         all.extend(headers);
-        if !self.streams[sid].filter {
+        if !self.requests.streams[sid].filter {
             self.client_head(sid, all);
             return;
         }
-        if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
+        if let Some(h) = Self::http(&mut self.vms, &self.requests.streams[sid]) {
             h.resp_headers = Some(all);
             h.resp_headers_writable = true;
             h.response_code = Some(status);
         }
-        let n = Self::http(&mut self.vms, &self.streams[sid])
+        let n = Self::http(&mut self.vms, &self.requests.streams[sid])
             .and_then(|h| h.resp_headers.as_ref().map(Vec::len))
             .unwrap_or(0);
         let Some(action) = self.stream_call(sid, |c| Callback::ResponseHeaders(c, n as u32, false))
         else {
             return;
         };
-        if self.streams[sid].finished {
+        if self.requests.streams[sid].finished {
             return;
         }
         if action == 0 {
             self.send_head_from_filter(sid);
         } else {
-            self.streams[sid].resp_stopped = true;
+            self.requests.streams[sid].resp_stopped = true;
         }
     }
 
     pub(super) fn send_head_from_filter(&mut self, sid: usize) {
-        let headers = match Self::http(&mut self.vms, &self.streams[sid]) {
+        let headers = match Self::http(&mut self.vms, &self.requests.streams[sid]) {
             Some(h) => {
                 h.resp_headers_writable = false;
                 h.resp_headers.clone().unwrap_or_default()
@@ -462,15 +515,15 @@ impl Sim {
     }
 
     pub(super) fn on_response_data(&mut self, sid: usize, bytes: Vec<u8>) {
-        if self.streams[sid].finished {
+        if self.requests.streams[sid].finished {
             return;
         }
-        self.streams[sid].last_activity = self.now;
-        if !self.streams[sid].filter {
+        self.requests.streams[sid].last_activity = self.now;
+        if !self.requests.streams[sid].filter {
             self.client_data(sid, &bytes);
             return;
         }
-        let size = match Self::http(&mut self.vms, &self.streams[sid]) {
+        let size = match Self::http(&mut self.vms, &self.requests.streams[sid]) {
             Some(h) => {
                 h.resp_body.extend_from_slice(&bytes);
                 h.resp_body.len()
@@ -481,48 +534,49 @@ impl Sim {
         else {
             return;
         };
-        if self.streams[sid].finished {
+        if self.requests.streams[sid].finished {
             return;
         }
         if action == 0 {
-            self.streams[sid].resp_stopped = false;
+            self.requests.streams[sid].resp_stopped = false;
             self.flush_response(sid);
         } else {
-            self.streams[sid].resp_stopped = true;
+            self.requests.streams[sid].resp_stopped = true;
         }
     }
 
     pub(super) fn on_response_end(&mut self, sid: usize) {
-        if self.streams[sid].finished {
+        if self.requests.streams[sid].finished {
             return;
         }
-        if !self.streams[sid].filter {
+        if !self.requests.streams[sid].filter {
             self.client_end(sid);
             return;
         }
-        let size = Self::http(&mut self.vms, &self.streams[sid]).map_or(0, |h| h.resp_body.len());
+        let size =
+            Self::http(&mut self.vms, &self.requests.streams[sid]).map_or(0, |h| h.resp_body.len());
         let Some(action) = self.stream_call(sid, |c| Callback::ResponseBody(c, size as u32, true))
         else {
             return;
         };
-        if self.streams[sid].finished {
+        if self.requests.streams[sid].finished {
             return;
         }
         if action == 0 {
-            self.streams[sid].resp_stopped = false;
+            self.requests.streams[sid].resp_stopped = false;
             self.flush_response(sid);
             self.client_end(sid);
         } else {
-            self.streams[sid].resp_stopped = true;
-            self.streams[sid].resp_end_pending = true;
+            self.requests.streams[sid].resp_stopped = true;
+            self.requests.streams[sid].resp_end_pending = true;
         }
     }
 
     pub(super) fn flush_response(&mut self, sid: usize) {
-        if !self.streams[sid].head_sent {
+        if !self.requests.streams[sid].head_sent {
             self.send_head_from_filter(sid);
         }
-        let body = Self::http(&mut self.vms, &self.streams[sid])
+        let body = Self::http(&mut self.vms, &self.requests.streams[sid])
             .map(|h| std::mem::take(&mut h.resp_body))
             .unwrap_or_default();
         if !body.is_empty() {
@@ -531,13 +585,13 @@ impl Sim {
     }
 
     pub(super) fn continue_response(&mut self, sid: usize) {
-        let s = &mut self.streams[sid];
+        let s = &mut self.requests.streams[sid];
         if s.finished || !s.resp_stopped {
             return;
         }
         s.resp_stopped = false;
         self.flush_response(sid);
-        if self.streams[sid].resp_end_pending {
+        if self.requests.streams[sid].resp_end_pending {
             self.client_end(sid);
         }
     }
@@ -552,7 +606,7 @@ impl Sim {
         extra: Vec<(String, String)>,
         through_filter: bool,
     ) {
-        let s = &self.streams[sid];
+        let s = &self.requests.streams[sid];
         if s.finished {
             return;
         }
@@ -560,7 +614,7 @@ impl Sim {
             self.reset_stream(sid, Final::Reset);
             return;
         }
-        self.streams[sid].in_local_reply = true;
+        self.requests.streams[sid].in_local_reply = true;
         self.cancel_upstream(sid);
         let mut headers = vec![(":status".to_string(), status.to_string())];
         for (k, v) in extra {
@@ -574,25 +628,25 @@ impl Sim {
         }
         let mut body = body;
         let run_filter = through_filter
-            && self.streams[sid].filter
-            && self.streams[sid].started
-            && self.vms.0[self.streams[sid].vm]
+            && self.requests.streams[sid].filter
+            && self.requests.streams[sid].started
+            && self.vms.all[self.requests.streams[sid].vm]
                 .as_ref()
                 .is_some_and(|v| v.failed.is_none());
         if run_filter {
             let eos = body.is_empty();
             let n = headers.len() as u32;
-            if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
+            if let Some(h) = Self::http(&mut self.vms, &self.requests.streams[sid]) {
                 h.resp_headers = Some(headers.clone());
                 h.resp_headers_writable = true;
                 h.response_code = Some(status);
                 h.resp_body.clear();
             }
             self.stream_call(sid, |c| Callback::ResponseHeaders(c, n, eos));
-            if self.streams[sid].finished {
+            if self.requests.streams[sid].finished {
                 return;
             }
-            if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
+            if let Some(h) = Self::http(&mut self.vms, &self.requests.streams[sid]) {
                 h.resp_headers_writable = false;
                 if let Some(hh) = &h.resp_headers {
                     headers = hh.clone();
@@ -600,14 +654,14 @@ impl Sim {
             }
             if !eos {
                 let len = body.len() as u32;
-                if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
+                if let Some(h) = Self::http(&mut self.vms, &self.requests.streams[sid]) {
                     h.resp_body = body.clone();
                 }
                 self.stream_call(sid, |c| Callback::ResponseBody(c, len, true));
-                if self.streams[sid].finished {
+                if self.requests.streams[sid].finished {
                     return;
                 }
-                if let Some(h) = Self::http(&mut self.vms, &self.streams[sid]) {
+                if let Some(h) = Self::http(&mut self.vms, &self.requests.streams[sid]) {
                     body = std::mem::take(&mut h.resp_body);
                 }
             }
@@ -621,7 +675,7 @@ impl Sim {
 
     pub(super) fn client_time(&mut self, sid: usize) -> Nanos {
         let lat = self.cfg.network.client.draw(&mut self.rng);
-        let s = &mut self.streams[sid];
+        let s = &mut self.requests.streams[sid];
         let t = (self.now + lat).max(s.last_client + 1);
         s.last_client = t;
         t
@@ -629,8 +683,8 @@ impl Sim {
 
     pub(super) fn client_head(&mut self, sid: usize, headers: Vec<(String, String)>) {
         self.client_time(sid);
-        self.streams[sid].head_sent = true;
-        let o = &mut self.outcomes[sid];
+        self.requests.streams[sid].head_sent = true;
+        let o = &mut self.requests.outcomes[sid];
         o.status = headers
             .iter()
             .find(|(k, _)| k == ":status")
@@ -643,7 +697,7 @@ impl Sim {
 
     pub(super) fn client_data(&mut self, sid: usize, bytes: &[u8]) {
         let t = self.client_time(sid);
-        let o = &mut self.outcomes[sid];
+        let o = &mut self.requests.outcomes[sid];
         if !bytes.is_empty() {
             o.first_token_at.get_or_insert(t);
             o.data_at.push(t);
@@ -655,18 +709,18 @@ impl Sim {
 
     pub(super) fn client_end(&mut self, sid: usize) {
         let t = self.client_time(sid);
-        self.outcomes[sid].last_token_at = Some(t);
+        self.requests.outcomes[sid].last_token_at = Some(t);
         self.finalize(sid, Final::Response, t);
         self.finish_stream(sid);
     }
 
     pub(super) fn finalize(&mut self, sid: usize, fin: Final, at: Nanos) {
-        let o = &mut self.outcomes[sid];
+        let o = &mut self.requests.outcomes[sid];
         if o.fin != Final::Pending {
-            self.violations.push(Violation {
+            self.checks.violations.push(Violation {
                 invariant: "every request has exactly one final outcome".into(),
                 at: self.now,
-                after_event: self.current_event.clone(),
+                after_event: self.events.current.clone(),
                 message: format!("request {sid} ended as {:?} and again as {fin:?}", o.fin),
             });
             return;
@@ -678,7 +732,7 @@ impl Sim {
     /// The stream is over in Envoy: the filter's `on_log`, `on_done` and `on_delete` run
     /// when the current event is done (Envoy's deferred deletion).
     pub(super) fn finish_stream(&mut self, sid: usize) {
-        let s = &mut self.streams[sid];
+        let s = &mut self.requests.streams[sid];
         if s.finished {
             return;
         }
@@ -687,26 +741,26 @@ impl Sim {
         if s.uid.is_some() && !s.upstream_ended {
             self.cancel_upstream(sid);
         }
-        self.deferred.push(sid);
+        self.requests.finished.push(sid);
     }
 
     pub(super) fn run_deferred(&mut self) {
         let mut held = Vec::new();
-        while !self.deferred.is_empty() {
-            let batch = std::mem::take(&mut self.deferred);
+        while !self.requests.finished.is_empty() {
+            let batch = std::mem::take(&mut self.requests.finished);
             for sid in batch {
-                if self.busy.contains(&self.streams[sid].vm) {
+                if self.vms.busy.contains(&self.requests.streams[sid].vm) {
                     held.push(sid); // its VM is suspended: complete it when it is back
                 } else {
                     self.complete(sid);
                 }
             }
         }
-        self.deferred = held;
+        self.requests.finished = held;
     }
 
     pub(super) fn complete(&mut self, sid: usize) {
-        let s = &self.streams[sid];
+        let s = &self.requests.streams[sid];
         if s.completed {
             return;
         }
@@ -721,11 +775,11 @@ impl Sim {
             }
         }
         self.vms[vm].store.data_mut().streams.remove(&ctx);
-        self.streams[sid].completed = true;
+        self.requests.streams[sid].completed = true;
     }
 
     pub(super) fn reset_stream(&mut self, sid: usize, fin: Final) {
-        if self.streams[sid].finished {
+        if self.requests.streams[sid].finished {
             return;
         }
         self.cancel_upstream(sid);
@@ -735,10 +789,10 @@ impl Sim {
     }
 
     pub(super) fn on_disconnect(&mut self, rid: usize) {
-        if self.outcomes[rid].fin != Final::Pending {
+        if self.requests.outcomes[rid].fin != Final::Pending {
             return;
         }
-        if !self.streams[rid].started {
+        if !self.requests.streams[rid].started {
             // Gone before Envoy saw the request.
             self.finalize(rid, Final::Disconnected, self.now);
             return;
@@ -756,7 +810,7 @@ impl Sim {
     }
 
     pub(super) fn on_idle_check(&mut self, rid: usize) {
-        let s = &self.streams[rid];
+        let s = &self.requests.streams[rid];
         if s.finished {
             return;
         }
@@ -767,7 +821,7 @@ impl Sim {
         }
         if s.req_stopped || s.paused || s.resp_stopped {
             // Envoy would have held it until the idle timeout: the filter leaked it.
-            self.leaked.push(rid);
+            self.checks.leaked.push(rid);
         }
         if s.head_sent {
             self.reset_stream(rid, Final::Reset);

@@ -44,7 +44,6 @@ pub fn http_call(c: C, p: &[Val]) -> Result<u32> {
     let token = h.next_callout;
     h.outgoing.push(Outgoing::HttpCall {
         token,
-        root: h.root_id,
         cluster,
         headers,
         body,

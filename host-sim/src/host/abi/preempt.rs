@@ -29,7 +29,6 @@ pub async fn maybe_yield(c: C<'_, '_>) {
         p.enabled && p.rng.unit() < p.probability
     };
     if yield_now {
-        c.data_mut().preempt.yields += 1;
         YieldOnce(false).await;
     }
 }
