@@ -145,7 +145,7 @@ impl Target {
     /// thread slot.
     pub(super) fn of(
         ev: &Ev,
-        streams: &[super::streams::Stream],
+        streams: &[super::stream::Stream],
         upstream: &HashMap<u64, UpReq>,
         vm_of_slot: &[Option<usize>],
     ) -> Target {
@@ -158,7 +158,7 @@ impl Target {
         };
         let of_stream = |rid: usize| {
             let s = &streams[rid];
-            if s.started {
+            if s.started() {
                 Target::Vm(s.vm)
             } else {
                 of_slot(slot_of_worker(s.worker))

@@ -14,7 +14,10 @@
 //! | `events` | the events, the loop that handles them, ticks and queue deliveries |
 //! | `process` | the compiled filter and what its VMs share |
 //! | `vms` | the VMs: creation, calls (with preemption), deferred actions, crashes, callouts, plugin removal |
-//! | `streams` | one request through Envoy: [`Stream`](streams::Stream) and its phases, the filter's callbacks, router, local replies, the client's view |
+//! | `stream` | one request's stream through Envoy: its phases and flags, calling the filter for it |
+//! | `request_path` | the request through the filter's callbacks to the router and upstream |
+//! | `response_path` | the response through the filter's callbacks, local replies, the client's view |
+//! | `stream_end` | final outcomes, deferred deletion, resets, disconnects, the idle timeout |
 //! | `upstreams` | requests at the model servers, servers coming and going |
 //! | `checks` | invariants and the end-of-run checks |
 
@@ -22,7 +25,10 @@ mod checks;
 mod config;
 mod events;
 mod process;
-mod streams;
+mod request_path;
+mod response_path;
+mod stream;
+mod stream_end;
 mod upstreams;
 mod vms;
 
@@ -43,7 +49,7 @@ use anyhow::Result;
 use checks::Checks;
 use events::{Ev, Events};
 use process::Process;
-use streams::{Requests, Stream};
+use stream::{Requests, Stream};
 use upstreams::{Endpoint, Upstreams};
 use vms::Vms;
 
@@ -362,7 +368,7 @@ impl Sim {
     /// Ids of streams Envoy still holds (not completed): after a run, leaked streams.
     pub fn open_streams(&self) -> Vec<usize> {
         (0..self.requests.streams.len())
-            .filter(|&i| self.requests.streams[i].started && !self.requests.streams[i].completed)
+            .filter(|&i| self.requests.streams[i].held())
             .collect()
     }
 

@@ -3,6 +3,7 @@
 
 use super::config::Control;
 use super::events::Ev;
+use super::stream::Answer;
 use super::Sim;
 use crate::host::vm::CalloutResponse;
 use crate::world::balancers::Balancer;
@@ -85,6 +86,7 @@ pub(super) struct Upstreams {
 }
 
 impl Sim {
+    /// An upstream request reaches its server (refused if the server went away meanwhile).
     pub(super) fn on_upstream_arrive(&mut self, uid: u64) {
         let Some(u) = self.upstreams.active.get_mut(&uid) else {
             return; // cancelled on the way
@@ -101,6 +103,7 @@ impl Sim {
         self.rearm_upstream(ep);
     }
 
+    /// Schedules the endpoint's next wake-up if it is earlier than the scheduled one.
     pub(super) fn rearm_upstream(&mut self, ep: usize) {
         let next = self.upstreams.endpoints[ep].upstream.next_wake();
         let e = &mut self.upstreams.endpoints[ep];
@@ -122,6 +125,7 @@ impl Sim {
         }
     }
 
+    /// Collects what the endpoint emits now and schedules its delivery to Envoy.
     pub(super) fn poll_upstream(&mut self, ep: usize) {
         let mut out = std::mem::take(&mut self.upstreams.emit_buf);
         out.clear();
@@ -145,6 +149,8 @@ impl Sim {
         self.rearm_upstream(ep);
     }
 
+    /// A piece of a response reaches Envoy: to the stream's response path, or collected for
+    /// a callout.
     pub(super) fn on_deliver(&mut self, uid: u64, emit: Emit) {
         let Some(u) = self.upstreams.active.get_mut(&uid) else {
             return;
@@ -188,7 +194,6 @@ impl Sim {
                     *n = n.saturating_sub(1);
                 }
             }
-            self.requests.streams[sid].upstream_ended = true;
         }
     }
 
@@ -221,7 +226,7 @@ impl Sim {
             }
             UpRef::Stream(sid) => {
                 self.upstream_done(uid);
-                if self.requests.streams[sid].head_sent {
+                if self.requests.streams[sid].answer == Answer::HeadSent {
                     self.reset_stream(sid, Final::Reset);
                 } else {
                     let body = b"upstream connect error or disconnect/reset before headers. reset reason: connection termination".to_vec();
@@ -231,6 +236,7 @@ impl Sim {
         }
     }
 
+    /// Applies one of the scenario's scheduled changes.
     pub(super) fn control(&mut self, c: Control) {
         match c {
             Control::AddEndpoint(addr, up) => {

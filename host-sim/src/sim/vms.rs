@@ -242,6 +242,7 @@ impl Sim {
         }
     }
 
+    /// Re-arms the VM's tick if the callback changed its period (a new generation).
     pub(super) fn after_call_tick(&mut self, vm: usize, period: u32) {
         // The base VM never ticks in Envoy.
         if self.vms.slot[vm] == SLOT_BASE {
@@ -278,6 +279,8 @@ impl Sim {
         self.vms.ticks[vm].gen += 1;
     }
 
+    /// A trap: the VM is dead (its pending actions dropped, ticks stopped), the crash
+    /// recorded, and the stream whose callback trapped gets Envoy's 503.
     pub(super) fn crash(&mut self, vm: usize, cb: Callback, e: &wasmtime::Error) {
         let message = demangle_backtrace(&format!("{e:?}"));
         let slot = self.vms.slot[vm];
@@ -312,6 +315,9 @@ impl Sim {
         self.local_reply(sid, 503, Vec::new(), Vec::new(), false);
     }
 
+    /// Schedules what a callback sent out: a queue notification, or an HTTP callout
+    /// (answered at once for `GET /metrics`, refused without a live destination, else sent
+    /// to the endpoint).
     pub(super) fn outgoing(&mut self, vm: usize, o: Outgoing) {
         match o {
             Outgoing::QueueReady { slot, root, token } => {
@@ -430,6 +436,8 @@ impl Sim {
         self.callout_done(vm, token, resp);
     }
 
+    /// A callout's response reaches its VM's root (`on_http_call_response`), unless it was
+    /// already answered, or the VM or its root is gone.
     pub(super) fn callout_done(&mut self, vm: usize, token: u32, resp: CalloutResponse) {
         if !self.vms.callouts.remove(&(vm, token)) {
             return; // already answered (or timed out)
@@ -451,6 +459,7 @@ impl Sim {
         }
     }
 
+    /// Runs one deferred action of a callback on its stream.
     pub(super) fn apply_effect(&mut self, vm: usize, e: Effect) {
         let ctx = match &e {
             Effect::Continue { ctx, .. }
@@ -537,6 +546,7 @@ impl Sim {
         self.call(vm, Callback::Delete(root));
     }
 
+    /// Whether the VM's root was deleted after the plugin's removal.
     pub(super) fn root_deleted(&self, vm: usize) -> bool {
         self.vms
             .shutdowns
