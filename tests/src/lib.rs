@@ -9,7 +9,7 @@ pub mod envoy;
 pub mod http;
 pub mod loadgen;
 pub mod paths;
-pub mod sim;
+pub mod vllm_sim_server;
 
 /// A fresh scratch directory for one test process's files.
 pub fn scratch_dir(tag: &str) -> std::path::PathBuf {

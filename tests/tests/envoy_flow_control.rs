@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tests::envoy::Envoy;
 use tests::http::{self, Response};
-use tests::sim::Sim;
+use tests::vllm_sim_server::VllmSimServer;
 
 const MODEL: &str = "sim-model";
 
@@ -30,8 +30,8 @@ fn config(flow_control: Value) -> Value {
     })
 }
 
-fn slow_sim() -> Vec<Sim> {
-    Sim::pool(
+fn slow_sim() -> Vec<VllmSimServer> {
+    VllmSimServer::pool(
         1,
         &[
             "--model",
@@ -253,7 +253,7 @@ fn scale_from_zero_requests_wait_for_an_endpoint_to_become_ready() {
         );
         // The endpoint comes up; its first scrape makes the pool ready.
         let started = Instant::now();
-        let _sim = Sim::start_on(port, &["--model", MODEL]);
+        let _sim = VllmSimServer::start_on(port, &["--model", MODEL]);
         let r = waiting.join().unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.header("x-sim-server"), Some(address.as_str()));

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tests::envoy::Envoy;
 use tests::http;
-use tests::sim::Sim;
+use tests::vllm_sim_server::VllmSimServer;
 
 const MODEL: &str = "sim-model";
 
@@ -16,14 +16,14 @@ fn completion(prompt: &str, stream: bool, max_tokens: u32) -> String {
         .to_string()
 }
 
-fn start(sims: &[Sim], workers: u32) -> Envoy {
+fn start(sims: &[VllmSimServer], workers: u32) -> Envoy {
     let endpoints: Vec<&str> = sims.iter().map(|s| s.address.as_str()).collect();
     Envoy::start(&json!({}), &endpoints, workers)
 }
 
 #[test]
 fn concurrent_requests_are_spread_and_served_where_the_gateway_says() {
-    let sims = Sim::pool(
+    let sims = VllmSimServer::pool(
         3,
         &[
             "--model",
@@ -77,7 +77,7 @@ fn concurrent_requests_are_spread_and_served_where_the_gateway_says() {
 
 #[test]
 fn malformed_requests_get_openai_style_errors() {
-    let sims = Sim::pool(1, &["--model", MODEL]);
+    let sims = VllmSimServer::pool(1, &["--model", MODEL]);
     let endpoints = [sims[0].address.as_str()];
     let envoy = Envoy::start(
         &json!({"pool": {"maxRequestBodyBytes": 4096}}),
@@ -114,7 +114,7 @@ fn malformed_requests_get_openai_style_errors() {
 
 #[test]
 fn a_client_cannot_choose_the_destination_itself() {
-    let sims = Sim::pool(2, &["--model", MODEL]);
+    let sims = VllmSimServer::pool(2, &["--model", MODEL]);
     let envoy = start(&sims[..1], 1);
     // The client names the server outside the pool; the gateway overrides it.
     let r = http::request(
@@ -133,7 +133,7 @@ fn a_client_cannot_choose_the_destination_itself() {
 fn a_streamed_completion_arrives_token_by_token() {
     let itl_ms = 40;
     let tokens = 10;
-    let sims = Sim::pool(
+    let sims = VllmSimServer::pool(
         1,
         &[
             "--model",
@@ -182,7 +182,7 @@ fn a_streamed_completion_arrives_token_by_token() {
 
 #[test]
 fn scheduling_metrics_appear_in_envoys_prometheus_output_with_labels() {
-    let sims = Sim::pool(1, &["--model", MODEL]);
+    let sims = VllmSimServer::pool(1, &["--model", MODEL]);
     let envoy = start(&sims, 2);
     for _ in 0..3 {
         let r = http::post_json(

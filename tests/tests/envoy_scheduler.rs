@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use tests::envoy::Envoy;
 use tests::http;
 use tests::scratch_dir;
-use tests::sim::Sim;
+use tests::vllm_sim_server::VllmSimServer;
 
 const MODEL: &str = "sim-model";
 
-fn sims(n: usize) -> Vec<Sim> {
-    Sim::pool(
+fn sims(n: usize) -> Vec<VllmSimServer> {
+    VllmSimServer::pool(
         n,
         &[
             "--model",
@@ -27,7 +27,7 @@ fn sims(n: usize) -> Vec<Sim> {
     )
 }
 
-fn addrs(sims: &[Sim]) -> Vec<&str> {
+fn addrs(sims: &[VllmSimServer]) -> Vec<&str> {
     sims.iter().map(|s| s.address.as_str()).collect()
 }
 

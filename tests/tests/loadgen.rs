@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 use std::process::Command;
-use tests::sim::Sim;
+use tests::vllm_sim_server::VllmSimServer;
 
 fn loadgen(args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_loadgen"))
@@ -25,7 +25,7 @@ fn loadgen(args: &[&str]) -> Value {
 
 #[test]
 fn a_closed_loop_streamed_run_is_counted_like_the_servers_count_it() {
-    let sims = Sim::pool(2, &["--profile", "zero"]);
+    let sims = VllmSimServer::pool(2, &["--profile", "zero"]);
     let urls = format!("{},{}", sims[0].address, sims[1].address);
     let records = tests::scratch_dir("loadgen").join("records.jsonl");
     let s = loadgen(&[
@@ -91,7 +91,7 @@ fn a_closed_loop_streamed_run_is_counted_like_the_servers_count_it() {
 
 #[test]
 fn an_open_loop_chat_run_with_tenants_and_priorities() {
-    let sims = Sim::pool(1, &["--profile", "zero"]);
+    let sims = VllmSimServer::pool(1, &["--profile", "zero"]);
     let url = sims[0].address.as_str();
     let s = loadgen(&[
         "--url",
@@ -149,7 +149,7 @@ fn failures_are_counted_not_fatal() {
     assert!(s["server_metrics"][&dead]["error"].is_string());
 
     // A server that answers 429 to everything (failure injection).
-    let sims = Sim::pool(
+    let sims = VllmSimServer::pool(
         1,
         &[
             "--profile",
