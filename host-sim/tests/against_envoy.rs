@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::MODEL;
+use common::{sum_series, MODEL};
 use host_sim::{ms, Outcome, RequestSpec, Sim, SimConfig, SimpleUpstream};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -127,11 +127,10 @@ fn filter_lines(prom: &str) -> Vec<String> {
 
 /// Scheduling attempts with `status`, summed over the per-endpoint series.
 fn attempts(prom: &str, status: &str) -> f64 {
-    let prefix = format!("inference_extension_scheduler_attempts_total{{status=\"{status}\",");
-    prom.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    sum_series(
+        prom,
+        &format!("inference_extension_scheduler_attempts_total{{status=\"{status}\","),
+    )
 }
 
 /// What a client observes of one answer, comparable across Envoy and host-sim.
