@@ -43,7 +43,7 @@ fn round_robin_spreads_evenly_and_the_filter_is_not_in_the_path() {
     for o in sim.outcomes() {
         assert_eq!(o.status, Some(200));
         assert!(
-            o.header("x-gateway-destination-endpoint-served").is_none(),
+            o.header(SERVED_HEADER).is_none(),
             "the filter saw request {}: {:?}",
             o.id,
             o.headers

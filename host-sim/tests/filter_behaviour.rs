@@ -26,16 +26,7 @@ fn concurrent_requests_are_spread_evenly_over_endpoints_across_workers() {
     for wave in [0..12, 12..24] {
         for o in &sim.outcomes()[wave.clone()] {
             assert_eq!(o.status, Some(200), "{}", o.text());
-            let ep = o.endpoint.clone().expect("routed");
-            assert_eq!(
-                o.header("x-gateway-destination-endpoint-served"),
-                Some(ep.as_str())
-            );
-            assert_eq!(
-                o.header("x-sim-server"),
-                Some(ep.as_str()),
-                "served where the gateway said"
-            );
+            assert_served_where_routed(o);
             workers.insert(o.worker.unwrap());
         }
         let per_ep = per_endpoint(&sim.outcomes()[wave]);
@@ -131,10 +122,7 @@ fn a_router_local_reply_passes_through_the_filters_response_callbacks() {
     let o = sim.outcome(0);
     assert_eq!(o.status, Some(503));
     assert!(o.text().contains("upstream connect error"), "{}", o.text());
-    assert_eq!(
-        o.header("x-gateway-destination-endpoint-served"),
-        Some(eps[0].as_str())
-    );
+    assert_eq!(o.header(SERVED_HEADER), Some(eps[0].as_str()));
     assert_eq!(
         running_requests(&sim),
         0.0,
@@ -393,10 +381,7 @@ fn a_slowed_server_gets_fewer_requests_and_a_failing_one_passes_its_errors_throu
             200
         };
         assert_eq!(o.status, Some(expect));
-        assert_eq!(
-            o.header("x-gateway-destination-endpoint-served"),
-            o.endpoint.as_deref()
-        );
+        assert_eq!(o.header(SERVED_HEADER), o.endpoint.as_deref());
     }
     assert_eq!(running_requests(&sim), 0.0);
 }

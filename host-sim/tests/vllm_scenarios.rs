@@ -40,12 +40,7 @@ fn engine_backed_servers_answer_through_the_filter_with_realistic_timing() {
     for o in sim.outcomes() {
         assert_eq!(o.fin, Final::Response);
         assert_eq!(o.status, Some(200), "{}", o.text());
-        let ep = o.endpoint.clone().expect("routed");
-        assert_eq!(
-            o.header("x-gateway-destination-endpoint-served"),
-            Some(ep.as_str())
-        );
-        assert_eq!(o.header("x-sim-server"), Some(ep.as_str()));
+        assert_served_where_routed(o);
         assert_eq!(o.header("x-inference-port"), Some("8000"));
         let text = o.text();
         if o.header("content-type") == Some("text/event-stream; charset=utf-8") {

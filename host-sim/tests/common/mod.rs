@@ -76,6 +76,29 @@ pub fn within_ledger() -> Invariant {
     )
 }
 
+/// The header in which the filter names the endpoint that served a request.
+pub const SERVED_HEADER: &str = "x-gateway-destination-endpoint-served";
+
+/// Asserts that `o` was served by the endpoint the router sent it to (its
+/// `x-sim-server`) and that the filter named that endpoint in [`SERVED_HEADER`];
+/// returns the endpoint.
+pub fn assert_served_where_routed(o: &Outcome) -> String {
+    let ep = o.endpoint.clone().expect("routed");
+    assert_eq!(
+        o.header(SERVED_HEADER),
+        Some(ep.as_str()),
+        "request {}",
+        o.id
+    );
+    assert_eq!(
+        o.header("x-sim-server"),
+        Some(ep.as_str()),
+        "request {} served where the gateway said",
+        o.id
+    );
+    ep
+}
+
 /// How many of `outcomes` each endpoint was routed (requests routed nowhere left out).
 pub fn per_endpoint<'a>(
     outcomes: impl IntoIterator<Item = &'a Outcome>,
