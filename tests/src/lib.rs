@@ -8,6 +8,7 @@
 pub mod envoy;
 pub mod http;
 pub mod loadgen;
+pub mod openai;
 pub mod paths;
 pub mod vllm_sim_server;
 

@@ -47,6 +47,11 @@ impl VllmSimServer {
         VllmSimServer { child, address }
     }
 
+    /// The addresses of `servers`.
+    pub fn addresses(servers: &[VllmSimServer]) -> Vec<&str> {
+        servers.iter().map(|s| s.address.as_str()).collect()
+    }
+
     /// Starts `n` servers with the same arguments.
     pub fn pool(n: usize, args: &[&str]) -> Vec<VllmSimServer> {
         (0..n).map(|_| VllmSimServer::start(args)).collect()
