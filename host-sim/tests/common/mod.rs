@@ -15,8 +15,8 @@ use host_sim::{Outcome, Sim, SimConfig, Upstream};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
-/// The model every simulated server serves.
-pub const MODEL: &str = "sim-model";
+/// The model every simulated server serves (the same as the end-to-end tests').
+pub use tests::openai::MODEL;
 
 /// `n` endpoint addresses: `10.0.0.1:8000`, `10.0.0.2:8000`, ...
 pub fn endpoints(n: usize) -> Vec<String> {
