@@ -10,7 +10,7 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`config`] | [`SimConfig`], [`Control`], [`Crash`], [`FailurePolicy`] |
+//! | `config` | [`SimConfig`], [`Control`], [`Crash`], [`FailurePolicy`] |
 //! | `events` | the events, the loop that handles them, ticks and queue deliveries |
 //! | `process` | the compiled filter and what its VMs share |
 //! | `vms` | the VMs: creation, calls (with preemption), deferred actions, crashes, callouts, plugin removal |

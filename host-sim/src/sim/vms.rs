@@ -488,7 +488,7 @@ impl Sim {
         }
     }
 
-    /// [`Control::RemovePlugin`]: `proxy_on_done` on every live VM's root, in a seeded
+    /// [`Control::RemovePlugin`](super::Control::RemovePlugin): `proxy_on_done` on every live VM's root, in a seeded
     /// order (cpp-host's `startShutdown`). True → deleted at once; false → pending until
     /// the root calls `proxy_done`.
     pub(super) fn remove_plugin(&mut self) {

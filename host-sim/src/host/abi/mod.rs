@@ -1,29 +1,29 @@
 //! The imports: every `env` function of Proxy-Wasm ABI 0.2.1 and the WASI functions a
 //! `wasm32-wasip1` filter links, with Envoy 1.40's behaviour.
 //!
-//! Imports are bound with `Linker::func_new` from the module's own import list: [`Imp`]
-//! names each one, [`dispatch`] sends it to the function that implements it, one small
+//! Imports are bound with `Linker::func_new` from the module's own import list: `Imp`
+//! names each one, `dispatch` sends it to the function that implements it, one small
 //! module per group of the ABI. An import host-sim does not know fails instantiation
 //! with its name and signature.
 //!
 //! | module | imports |
 //! |---|---|
-//! | [`logging`] | `proxy_log`, `proxy_get_log_level` |
-//! | [`time`] | `proxy_get_current_time_nanoseconds`, `proxy_set_tick_period_milliseconds` |
-//! | [`buffers`] | `proxy_get_buffer_bytes`, `proxy_set_buffer_bytes` |
-//! | [`headers`] | `proxy_{get,set}_header_map_pairs`, `proxy_{get,replace,add,remove}_header_map_value` |
-//! | [`properties`] | `proxy_get_property`, `proxy_set_property` |
-//! | [`shared_data`] | `proxy_get_shared_data`, `proxy_set_shared_data` |
-//! | [`queues`] | `proxy_{register,resolve,enqueue,dequeue}_shared_queue` |
-//! | [`stream`] | `proxy_continue_stream`, `proxy_close_stream`, `proxy_send_local_response` |
-//! | [`contexts`] | `proxy_set_effective_context`, `proxy_done` |
-//! | [`callouts`] | `proxy_http_call`, `proxy_grpc_*`, `proxy_get_status` |
-//! | [`metrics`] | `proxy_{define,increment,record,get}_metric` |
-//! | [`foreign`] | `proxy_call_foreign_function` |
-//! | [`wasi`] | `fd_write`, `environ_*`, `args_*`, `random_get`, `proc_exit`, `clock_time_get`, ... |
+//! | `logging` | `proxy_log`, `proxy_get_log_level` |
+//! | `time` | `proxy_get_current_time_nanoseconds`, `proxy_set_tick_period_milliseconds` |
+//! | `buffers` | `proxy_get_buffer_bytes`, `proxy_set_buffer_bytes` |
+//! | `headers` | `proxy_{get,set}_header_map_pairs`, `proxy_{get,replace,add,remove}_header_map_value` |
+//! | `properties` | `proxy_get_property`, `proxy_set_property` |
+//! | `shared_data` | `proxy_get_shared_data`, `proxy_set_shared_data` |
+//! | `queues` | `proxy_{register,resolve,enqueue,dequeue}_shared_queue` |
+//! | `stream` | `proxy_continue_stream`, `proxy_close_stream`, `proxy_send_local_response` |
+//! | `contexts` | `proxy_set_effective_context`, `proxy_done` |
+//! | `callouts` | `proxy_http_call`, `proxy_grpc_*`, `proxy_get_status` |
+//! | `metrics` | `proxy_{define,increment,record,get}_metric` |
+//! | `foreign` | `proxy_call_foreign_function` |
+//! | `wasi` | `fd_write`, `environ_*`, `args_*`, `random_get`, `proc_exit`, `clock_time_get`, ... |
 //!
-//! [`memory`] reads arguments and guest memory, [`preempt`] holds the preemption point,
-//! [`wire`] the header-pair wire format.
+//! `memory` reads arguments and guest memory, `preempt` holds the preemption point,
+//! `wire` the header-pair wire format.
 
 mod buffers;
 mod callouts;
