@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::MODEL;
+use common::{sum_series, MODEL};
 use host_sim::{ms, Outcome, RequestSpec, Sim, SimConfig, SimpleUpstream};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tests::envoy::Envoy;
 use tests::http;
+use tests::openai::completion;
 
 /// A minimal OpenAI-style model server on loopback (non-streaming JSON answers after
 /// `delay`), naming itself in `x-sim-server` like vllm-sim.
@@ -127,11 +128,10 @@ fn filter_lines(prom: &str) -> Vec<String> {
 
 /// Scheduling attempts with `status`, summed over the per-endpoint series.
 fn attempts(prom: &str, status: &str) -> f64 {
-    let prefix = format!("inference_extension_scheduler_attempts_total{{status=\"{status}\",");
-    prom.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    sum_series(
+        prom,
+        &format!("inference_extension_scheduler_attempts_total{{status=\"{status}\","),
+    )
 }
 
 /// What a client observes of one answer, comparable across Envoy and host-sim.
@@ -167,9 +167,7 @@ fn seen_sim(o: &Outcome) -> Seen {
 }
 
 fn requests() -> Vec<(&'static str, String)> {
-    let good = |i: usize| {
-        json!({"model": MODEL, "prompt": format!("hello {i}"), "max_tokens": 2}).to_string()
-    };
+    let good = |i: usize| completion(&format!("hello {i}"), 2, false);
     let mut v: Vec<(&'static str, String)> = (0..5).map(|i| ("/v1/completions", good(i))).collect();
     v.push(("/v1/completions", "{not json".into()));
     v.push(("/v1/completions", r#"{"prompt":"no model"}"#.into()));
@@ -177,10 +175,7 @@ fn requests() -> Vec<(&'static str, String)> {
         "/v1/chat/completions",
         json!({"model": MODEL, "messages": []}).to_string(),
     ));
-    v.push((
-        "/v1/completions",
-        json!({"model": MODEL, "prompt": "x".repeat(8000), "max_tokens": 1}).to_string(),
-    ));
+    v.push(("/v1/completions", completion(&"x".repeat(8000), 1, false)));
     v.push((
         "/v1/chat/completions",
         json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).to_string(),
@@ -247,7 +242,7 @@ fn the_same_requests_give_the_same_answers_and_metrics_in_envoy_and_in_host_sim(
 fn a_router_503_for_a_dead_endpoint_looks_the_same_in_envoy_and_in_host_sim() {
     let dead = dead_address();
     let envoy = Envoy::start(&json!({}), &[dead.as_str()], 1);
-    let body = json!({"model": MODEL, "prompt": "hi", "max_tokens": 1}).to_string();
+    let body = completion("hi", 1, false);
     let r = http::post_json(&envoy.listen, "/v1/completions", &body).unwrap();
     // Envoy shows histograms at its next stats flush (1 s in this bootstrap).
     std::thread::sleep(Duration::from_millis(1300));
@@ -286,7 +281,7 @@ fn a_client_that_disconnects_mid_request_is_released_in_envoy_and_in_host_sim() 
     let slow = Server::start(Duration::from_millis(1500));
     let envoy = Envoy::start(&json!({}), &[slow.address.as_str()], 2);
     let running = format!("inference_objective_running_requests{{model_name=\"{MODEL}\"}}");
-    let body = json!({"model": MODEL, "prompt": "slow", "max_tokens": 1}).to_string();
+    let body = completion("slow", 1, false);
     let mut s = TcpStream::connect(&envoy.listen).unwrap();
     write!(
         s,
@@ -330,7 +325,7 @@ fn concurrent_requests_are_spread_the_same_way_in_envoy_and_in_host_sim() {
     let eps: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
     let ep_refs: Vec<&str> = eps.iter().map(String::as_str).collect();
     let envoy = Envoy::start(&json!({}), &ep_refs, 2);
-    let body = json!({"model": MODEL, "prompt": "p", "max_tokens": 1}).to_string();
+    let body = completion("p", 1, false);
     let served: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..12)
             .map(|_| {

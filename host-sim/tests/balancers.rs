@@ -6,39 +6,26 @@
 
 mod common;
 
+use common::filter::with_scrape_cluster;
 use common::*;
-use host_sim::host::vm::Cluster;
 use host_sim::world::balancers::{CacheAware, LeastRequest, RoundRobin};
 use host_sim::{ms, RequestSpec, Sim, SimConfig, SimpleUpstream, VllmConfig, SEC};
 use serde_json::json;
 use std::collections::BTreeMap;
 
-fn sim_with(eps: &[String], seed: u64) -> Sim {
-    let mut sim = Sim::new(
-        SimConfig::new(&filter_config(eps, json!({})))
-            .workers(2)
-            .seed(seed),
-    )
-    .expect("sim starts");
-    for e in eps {
-        sim.add_endpoint(e, Box::new(SimpleUpstream::new(e).ttft(ms(40)).itl(ms(5))));
-    }
-    sim
-}
-
-fn per_endpoint(sim: &Sim) -> BTreeMap<String, usize> {
-    let mut per = BTreeMap::new();
-    for o in sim.outcomes() {
-        *per.entry(o.endpoint.clone().unwrap_or_default())
-            .or_default() += 1;
-    }
-    per
+/// Two workers, `eps` served by simple servers (TTFT 40 ms, ITL 5 ms). No ledger
+/// invariant: with a stand-in balancer the filter counts nothing.
+fn balanced_sim(eps: &[String], seed: u64) -> Sim {
+    let cfg = SimConfig::new(&filter_config(eps, json!({})))
+        .workers(2)
+        .seed(seed);
+    sim_serving(cfg, eps, |e| SimpleUpstream::new(e).ttft(ms(40)).itl(ms(5)))
 }
 
 #[test]
 fn round_robin_spreads_evenly_and_the_filter_is_not_in_the_path() {
     let eps = endpoints(4);
-    let mut sim = sim_with(&eps, 3);
+    let mut sim = balanced_sim(&eps, 3);
     sim.set_balancer(Box::new(RoundRobin::new(3)));
     // One connection: one worker, one cursor.
     sim.add_requests((0..40).map(|i| {
@@ -47,7 +34,7 @@ fn round_robin_spreads_evenly_and_the_filter_is_not_in_the_path() {
             .at(ms(5) + i * ms(1))
     }));
     sim.run().unwrap();
-    let per = per_endpoint(&sim);
+    let per = per_endpoint(sim.outcomes());
     assert_eq!(
         per.values().copied().collect::<Vec<_>>(),
         vec![10; 4],
@@ -56,7 +43,7 @@ fn round_robin_spreads_evenly_and_the_filter_is_not_in_the_path() {
     for o in sim.outcomes() {
         assert_eq!(o.status, Some(200));
         assert!(
-            o.header("x-gateway-destination-endpoint-served").is_none(),
+            o.header(SERVED_HEADER).is_none(),
             "the filter saw request {}: {:?}",
             o.id,
             o.headers
@@ -78,7 +65,10 @@ fn least_request_steers_away_from_a_slow_server() {
         (0..100).map(|i| RequestSpec::completion(MODEL, "q", 4, false).at(ms(5) + i * ms(5))),
     );
     sim.run().unwrap();
-    let slow = per_endpoint(&sim).get(&eps[0]).copied().unwrap_or(0);
+    let slow = per_endpoint(sim.outcomes())
+        .get(&eps[0])
+        .copied()
+        .unwrap_or(0);
     // Two random choices, fewer active requests wins: the slow server's requests pile up
     // and it only wins when both draws land on it.
     assert!(slow < 40, "the slow server got {slow} of 100");
@@ -87,7 +77,7 @@ fn least_request_steers_away_from_a_slow_server() {
 #[test]
 fn cache_aware_keeps_each_shared_prefix_on_one_server() {
     let eps = endpoints(4);
-    let mut sim = sim_with(&eps, 7);
+    let mut sim = balanced_sim(&eps, 7);
     sim.set_balancer(Box::new(CacheAware::new()));
     let system: Vec<String> = (0..4)
         .map(|g| format!("group {g} system prompt ").repeat(40))
@@ -121,11 +111,7 @@ fn cache_aware_keeps_each_shared_prefix_on_one_server() {
 #[test]
 fn a_run_with_scrapes_on_ends_when_every_request_is_answered() {
     let eps = endpoints(2);
-    let mut cfg = SimConfig::new(&filter_config(&eps, json!({}))).seed(9);
-    cfg.clusters.push(Cluster {
-        name: epp_filter::datalayer::DEFAULT_CLUSTER.into(),
-        dst_header: "x-envoy-original-dst-host".into(),
-    });
+    let cfg = with_scrape_cluster(SimConfig::new(&filter_config(&eps, json!({}))).seed(9));
     let mut sim = Sim::new(cfg).unwrap();
     for (i, e) in eps.iter().enumerate() {
         sim.add_endpoint(e, Box::new(VllmConfig::new(e).seed(i as u64).build()));

@@ -2,10 +2,10 @@
 
 mod common;
 
+use common::filter::HTTP_CONTEXT_TYPE;
 use common::*;
 use host_sim::{ms, Control, Fault, FaultAction, Final, RequestSpec, SimConfig, SimpleUpstream};
 use serde_json::json;
-use std::collections::BTreeMap;
 
 fn completion(i: usize, stream: bool) -> RequestSpec {
     RequestSpec::completion(MODEL, &format!("request {i}"), 4, stream)
@@ -24,22 +24,12 @@ fn concurrent_requests_are_spread_evenly_over_endpoints_across_workers() {
     sim.run().unwrap();
     let mut workers = std::collections::BTreeSet::new();
     for wave in [0..12, 12..24] {
-        let mut per_ep: BTreeMap<String, usize> = BTreeMap::new();
-        for o in &sim.outcomes()[wave] {
+        for o in &sim.outcomes()[wave.clone()] {
             assert_eq!(o.status, Some(200), "{}", o.text());
-            let ep = o.endpoint.clone().expect("routed");
-            assert_eq!(
-                o.header("x-gateway-destination-endpoint-served"),
-                Some(ep.as_str())
-            );
-            assert_eq!(
-                o.header("x-sim-server"),
-                Some(ep.as_str()),
-                "served where the gateway said"
-            );
-            *per_ep.entry(ep).or_default() += 1;
+            assert_served_where_routed(o);
             workers.insert(o.worker.unwrap());
         }
+        let per_ep = per_endpoint(&sim.outcomes()[wave]);
         assert_eq!(
             per_ep.values().copied().collect::<Vec<_>>(),
             vec![4, 4, 4],
@@ -126,17 +116,13 @@ fn a_router_local_reply_passes_through_the_filters_response_callbacks() {
     // filter's on_http_response_headers, which names the endpoint it picked.
     let eps = endpoints(1);
     let cfg = SimConfig::new(&filter_config(&eps, json!({})));
-    let mut sim = host_sim::Sim::new(cfg).unwrap();
-    sim.add_invariant(within_ledger());
+    let mut sim = sim_with(cfg, &[], SimpleUpstream::new);
     sim.add_requests([completion(0, false).at(ms(5))]);
     sim.run().unwrap();
     let o = sim.outcome(0);
     assert_eq!(o.status, Some(503));
     assert!(o.text().contains("upstream connect error"), "{}", o.text());
-    assert_eq!(
-        o.header("x-gateway-destination-endpoint-served"),
-        Some(eps[0].as_str())
-    );
+    assert_eq!(o.header(SERVED_HEADER), Some(eps[0].as_str()));
     assert_eq!(
         running_requests(&sim),
         0.0,
@@ -227,7 +213,7 @@ fn a_vm_trap_is_handled_as_fail_reload() {
         crash.message
     );
     assert!(
-        crash.message.contains("epp_filter::proxy::http::Http"),
+        crash.message.contains(HTTP_CONTEXT_TYPE),
         "demangled frames: {}",
         crash.message
     );
@@ -395,10 +381,7 @@ fn a_slowed_server_gets_fewer_requests_and_a_failing_one_passes_its_errors_throu
             200
         };
         assert_eq!(o.status, Some(expect));
-        assert_eq!(
-            o.header("x-gateway-destination-endpoint-served"),
-            o.endpoint.as_deref()
-        );
+        assert_eq!(o.header(SERVED_HEADER), o.endpoint.as_deref());
     }
     assert_eq!(running_requests(&sim), 0.0);
 }
@@ -420,11 +403,10 @@ fn lost_cas_races_are_retried_and_the_spread_still_holds() {
     );
     sim.add_requests((0..30).map(|i| completion(i, false).at(ms(10) + i as u64)));
     sim.run().unwrap();
-    let mut per_ep: BTreeMap<String, usize> = BTreeMap::new();
     for o in sim.outcomes() {
         assert_eq!(o.status, Some(200), "{}", o.text());
-        *per_ep.entry(o.endpoint.clone().unwrap()).or_default() += 1;
     }
+    let per_ep = per_endpoint(sim.outcomes());
     assert_eq!(
         per_ep.values().copied().collect::<Vec<_>>(),
         vec![10, 10, 10]
@@ -441,8 +423,7 @@ fn lost_cas_races_are_retried_and_the_spread_still_holds() {
 fn a_server_that_comes_up_mid_run_starts_serving() {
     let eps = endpoints(1);
     let cfg = SimConfig::new(&filter_config(&eps, json!({})));
-    let mut sim = host_sim::Sim::new(cfg).unwrap();
-    sim.add_invariant(within_ledger());
+    let mut sim = sim_with(cfg, &[], SimpleUpstream::new);
     sim.at(
         ms(100),
         Control::AddEndpoint(eps[0].clone(), Box::new(SimpleUpstream::new(&eps[0]))),

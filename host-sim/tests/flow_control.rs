@@ -1,22 +1,17 @@
-//! Flow control across 4 simulated Envoy workers (issue #6): strict priority, fairness
-//! between tenants, capacity limits, the queue TTL and global FCFS order — each scenario
-//! seeded, with the invariant checker on, and also run with workers preempted inside
+//! Flow control across 4 simulated Envoy workers: strict priority, fairness between
+//! tenants, capacity limits, the queue TTL and global FCFS order — each test seeded,
+//! with the invariant checker on, and also run with workers preempted inside
 //! shared-data host calls (`.preempt(0.3)`).
 
-mod flow_control_common;
+mod common;
 
-use flow_control_common::*;
+use common::filter::flow_state;
+use common::flow_control::*;
+use common::{endpoints, MODEL};
 use host_sim::world::clock::Rng;
 use host_sim::{ms, Final, Poisson, Sim, SimpleUpstream, US};
 use serde_json::json;
 use std::collections::BTreeMap;
-
-fn all_seeds() -> impl Iterator<Item = (u64, f64)> {
-    PLAIN_SEEDS
-        .iter()
-        .map(|s| (*s, 0.0))
-        .chain(PREEMPT_SEEDS.iter().map(|s| (*s, 0.3)))
-}
 
 /// The longest a grant can take to become a resume on its owner VM in these scenarios:
 /// a grant for another worker travels through its inbox queue (0.15–0.8 ms in Envoy and
@@ -25,7 +20,7 @@ fn all_seeds() -> impl Iterator<Item = (u64, f64)> {
 const GRANT_HOP: u64 = 1_000 * US;
 
 // ---------------------------------------------------------------------------------------
-// 1. Strict priority under 2x overload.
+// Strict priority under 2x overload.
 
 /// Premium, standard and best-effort traffic, Poisson at twice what the pool serves
 /// (2 endpoints × maxConcurrency 4 = 8 slots, ~51 ms per request → ~160/s; arrivals
@@ -98,6 +93,9 @@ fn the_priority_check_sees_inversions_when_premium_shares_the_best_effort_band()
     assert!(n > 100, "{n}");
 }
 
+/// Strict priority across workers: under 2x overload no best-effort request is granted
+/// while a premium one waits (whichever worker parked either), and the mean wait is
+/// ordered premium < standard < best-effort.
 #[test]
 fn under_overload_no_best_effort_request_is_dispatched_while_a_premium_one_waits() {
     for (seed, preempt) in all_seeds() {
@@ -152,7 +150,7 @@ fn under_overload_no_best_effort_request_is_dispatched_while_a_premium_one_waits
 }
 
 // ---------------------------------------------------------------------------------------
-// 2. Round-robin fairness between a heavy tenant and three light ones.
+// Round-robin fairness between a heavy tenant and three light ones.
 
 const TENANTS: [&str; 4] = ["heavy", "a", "b", "c"];
 
@@ -225,6 +223,9 @@ fn within_ten_percent_of_equal(share: &BTreeMap<&str, usize>) -> bool {
     })
 }
 
+/// Round-robin fairness across workers: while every tenant has requests waiting, a
+/// tenant sending ten times more than the others gets an equal share of the dispatches
+/// (within 10%).
 #[test]
 fn a_tenant_sending_ten_times_more_gets_an_equal_share_while_all_are_backlogged() {
     for (seed, preempt) in all_seeds() {
@@ -260,7 +261,7 @@ fn the_share_check_sees_the_heavy_tenant_dominate_under_global_strict_fairness()
 }
 
 // ---------------------------------------------------------------------------------------
-// 3. Capacity limits: 429 exactly at the limit, naming it.
+// Capacity limits: 429 exactly at the limit, naming it.
 
 /// One endpoint, one slot, held by a first request for 500 ms; then `objectives.len()`
 /// requests arrive 5 ms apart (so their admission order is known) over the workers.
@@ -318,6 +319,8 @@ fn assert_limit(sim: &Sim, expect: &[u16], limit_text: &str, what: &str) {
     assert_no_residue(sim, what);
 }
 
+/// `flowControl.maxRequests`: requests beyond it are refused at once with a 429 naming
+/// the limit, whatever their band; those within it wait and are served.
 #[test]
 fn the_global_request_limit_gives_429_exactly_past_it() {
     for (seed, preempt) in all_seeds() {
@@ -337,6 +340,8 @@ fn the_global_request_limit_gives_429_exactly_past_it() {
     }
 }
 
+/// A band's `maxRequests` refuses only that band's requests past it; other bands still
+/// queue.
 #[test]
 fn a_bands_request_limit_refuses_only_that_band() {
     for (seed, preempt) in all_seeds() {
@@ -357,6 +362,8 @@ fn a_bands_request_limit_refuses_only_that_band() {
     }
 }
 
+/// `flowControl.maxBytes` and a band's `maxBytes`: the request whose body would pass
+/// the limit is refused with a 429 naming it, to the byte.
 #[test]
 fn the_global_and_band_byte_limits_give_429_exactly_past_them() {
     let two = two_bodies();
@@ -405,8 +412,12 @@ fn the_global_and_band_byte_limits_give_429_exactly_past_them() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 4. TTL.
+// The queue TTL.
 
+/// A request parked longer than `defaultRequestTTL` is answered 503 (naming the TTL)
+/// within one 20 ms tick of its deadline, is never sent upstream, counts as
+/// `EvictedTTL`, and leaves nothing behind in the queue gauges or the record; the pool
+/// serves again afterwards.
 #[test]
 fn a_request_waiting_past_the_ttl_gets_503_within_a_tick_and_the_gauges_return_to_zero() {
     for (seed, preempt) in all_seeds() {
@@ -449,21 +460,18 @@ fn a_request_waiting_past_the_ttl_gets_503_within_a_tick_and_the_gauges_return_t
         eprintln!("seed {seed} preempt {preempt}: TTL 503 after {waits:?} ms");
         assert_eq!(sim.outcome(0).status, Some(200));
         assert_eq!(sim.outcome(9).status, Some(200));
-        let ttl_outcomes: f64 = sim
-            .prometheus()
-            .lines()
-            .filter(|l| l.starts_with("inference_extension_flow_control_request_queue_duration"))
-            .filter(|l| l.contains("_count{") && l.contains("outcome=\"EvictedTTL\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
+        let ttl_outcomes = queue_outcomes(&sim, "EvictedTTL");
         assert_eq!(ttl_outcomes, 8.0, "seed {seed}: eight EvictedTTL outcomes");
         assert_no_residue(&sim, &format!("seed {seed}"));
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// 9. Global strict order.
+// Global strict order.
 
+/// With `global-strict-fairness-policy` and `fcfs-ordering-policy`, requests parked on
+/// different workers are dispatched in the order they were admitted (their FCFS keys),
+/// not per worker.
 #[test]
 fn with_global_strict_fairness_and_fcfs_dispatch_order_is_arrival_order_across_workers() {
     for (seed, preempt) in all_seeds() {

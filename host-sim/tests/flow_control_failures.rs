@@ -1,25 +1,20 @@
-//! Flow control when things go wrong, across 4 simulated Envoy workers (issue #6):
+//! Flow control when things go wrong, across 4 simulated Envoy workers:
 //! clients leaving while parked (also while their grant is on its way to their worker),
 //! a worker VM crashing while others hold parked requests, and a pool with no endpoint.
 //! Seeded, invariant checker on, each also run with preemption.
 
-mod flow_control_common;
+mod common;
 
-use flow_control_common::*;
+use common::endpoints;
+use common::filter::{flow_state, VM_STALE_MS};
+use common::flow_control::*;
 use host_sim::{
     ms, Control, FailurePolicy, Fault, FaultAction, Final, Nanos, Sim, SimpleUpstream, SEC, US,
 };
 use serde_json::json;
 
-fn all_seeds() -> impl Iterator<Item = (u64, f64)> {
-    PLAIN_SEEDS
-        .iter()
-        .map(|s| (*s, 0.0))
-        .chain(PREEMPT_SEEDS.iter().map(|s| (*s, 0.3)))
-}
-
 // ---------------------------------------------------------------------------------------
-// 5. Cancellation.
+// Clients leaving while parked.
 
 const CANCEL_REQUESTS: usize = 160;
 const LATE: usize = 8;
@@ -54,6 +49,9 @@ fn cancel_run(seed: u64, preempt: f64) -> Sim {
     sim
 }
 
+/// Clients that give up while parked (or while running) leave nothing of theirs in the
+/// queue gauges or the record, are never answered, and the requests after them are
+/// served.
 #[test]
 fn clients_leaving_while_parked_leave_no_residue_and_later_requests_are_served() {
     for (seed, preempt) in all_seeds() {
@@ -204,7 +202,7 @@ fn a_client_leaving_while_its_grant_is_in_flight_returns_the_slot_and_leaves_no_
 }
 
 // ---------------------------------------------------------------------------------------
-// 7. A worker VM crashes while the others hold parked requests.
+// A worker VM crashes while the others hold parked requests.
 
 /// 40 requests over 80 ms on one endpoint with 2 slots (100 ms each): 2 run, the rest
 /// park over the 4 workers. Worker 0's next shared-data read after 150 ms (its tick)
@@ -252,6 +250,10 @@ fn parked_elsewhere(sim: &Sim) -> Vec<&host_sim::Outcome> {
         .collect()
 }
 
+/// A worker's VM crashes (FAIL_RELOAD) while the other workers hold parked requests:
+/// every request of the surviving workers is served once (none lost with the dead VM's
+/// grants, none dispatched twice), the last within `VM_STALE_MS` + 3 s; those parked in
+/// the dead VM stay paused (for Envoy's idle timeout); the record forgets the dead VM.
 #[test]
 fn a_worker_crash_loses_and_duplicates_none_of_the_requests_parked_on_the_others() {
     for (seed, preempt) in all_seeds() {
@@ -307,7 +309,7 @@ fn a_worker_crash_loses_and_duplicates_none_of_the_requests_parked_on_the_others
             hung.len()
         );
         assert!(
-            slowest <= ms(epp_filter::flow_control::state::VM_STALE_MS) + 3 * SEC,
+            slowest <= ms(VM_STALE_MS) + 3 * SEC,
             "seed {seed}: {} ms",
             in_ms(slowest)
         );
@@ -348,7 +350,7 @@ fn after_a_worker_crash_the_survivors_are_not_stalled_for_the_stale_timeout() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 8. Scale from zero.
+// A pool with no endpoint.
 
 fn empty_pool_run(seed: u64, preempt: f64) -> Sim {
     let flow = json!({"defaultRequestTTL": "1s"});

@@ -3,21 +3,16 @@
 //! `proxy_on_done` on every VM's root; the filter answers up to 64 parked requests per
 //! callback with 500, says "not done", finishes on its tick and calls `proxy_done`.
 
-mod flow_control_common;
+mod common;
 
-use flow_control_common::*;
+use common::endpoints;
+use common::filter::flow_state;
+use common::flow_control::*;
 use host_sim::{ms, Nanos, Outcome, Sim, SimpleUpstream};
 use serde_json::json;
 
 const SHUTDOWN_MESSAGE: &str =
     "internal flow control error: the gateway is shutting down; the request was not sent";
-
-fn all_seeds() -> impl Iterator<Item = (u64, f64)> {
-    PLAIN_SEEDS
-        .iter()
-        .map(|s| (*s, 0.0))
-        .chain(PREEMPT_SEEDS.iter().map(|s| (*s, 0.3)))
-}
 
 /// What one run looked like.
 struct Run {
@@ -76,7 +71,11 @@ fn message(o: &Outcome) -> String {
         .to_string()
 }
 
-/// Everything the brief asks of a removal; returns (parked per worker, last 500 after
+/// What a clean removal looks like: requests already upstream complete with 200; every
+/// parked one gets the shutdown 500 (never sent upstream) soon after the removal, and
+/// counts as an `EvictedOther` queue outcome; requests after the removal bypass the
+/// filter; every root is deleted (after `proxy_done` if it said "not done"); no crash,
+/// no held stream, no flow-control residue. Returns (parked per worker, last 500 after
 /// the removal in ms, (slot, proxy_done ms after the removal) of roots that said "not
 /// done").
 fn assert_clean_shutdown(r: &Run, what: &str) -> (Vec<usize>, f64, Vec<(usize, f64)>) {
@@ -160,13 +159,7 @@ fn assert_clean_shutdown(r: &Run, what: &str) -> (Vec<usize>, f64, Vec<(usize, f
     }
     assert!(sim.crashes().is_empty(), "{what}: {:?}", sim.crashes());
     // Each 500 is recorded as an EvictedOther queue outcome.
-    let evicted: f64 = sim
-        .prometheus()
-        .lines()
-        .filter(|l| l.starts_with("inference_extension_flow_control_request_queue_duration"))
-        .filter(|l| l.contains("_count{") && l.contains("outcome=\"EvictedOther\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let evicted = queue_outcomes(sim, "EvictedOther");
     assert_eq!(
         evicted,
         r.parked.len() as f64,
@@ -179,6 +172,10 @@ fn assert_clean_shutdown(r: &Run, what: &str) -> (Vec<usize>, f64, Vec<(usize, f
     (per_worker, in_ms(last), late_done)
 }
 
+/// Removing the plugin with 300 requests parked over 4 workers (more than the 64 a root
+/// answers per callback on some): every parked request gets the shutdown 500 within a
+/// tick, the roots with more than 64 say "not done" and call `proxy_done` on their next
+/// tick, and the removal is clean (see `assert_clean_shutdown`).
 #[test]
 fn removing_the_plugin_answers_every_parked_request_with_500_across_workers() {
     for (seed, preempt) in all_seeds() {
@@ -207,6 +204,8 @@ fn removing_the_plugin_answers_every_parked_request_with_500_across_workers() {
     }
 }
 
+/// With 40 parked (at most 64 per worker), every root answers its parked requests in
+/// `on_done` itself and says done at once; the removal is clean.
 #[test]
 fn a_removal_with_few_parked_requests_is_done_in_on_done() {
     for (seed, preempt) in all_seeds() {

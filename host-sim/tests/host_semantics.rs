@@ -45,7 +45,8 @@ fn probe_sim_with(workers: usize, seed: u64, adjust: impl Fn(&mut SimConfig)) ->
     adjust(&mut cfg);
     cfg.wasm = probe_wasm();
     cfg.vm_id = "probe".into();
-    // The probe routes the way Envoy's facts were measured: on the protocol header itself.
+    // The probe routes on the protocol's destination header itself (the filter's route
+    // header is its `-primary` copy).
     cfg.route_header = "x-gateway-destination-endpoint".into();
     for c in &mut cfg.clusters {
         if c.name == "pool" {

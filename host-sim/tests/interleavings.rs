@@ -8,7 +8,6 @@ use common::*;
 use host_sim::world::clock::Rng;
 use host_sim::{ms, us, Final, Poisson, SimConfig, SimpleUpstream};
 use serde_json::json;
-use std::collections::BTreeMap;
 
 fn burst(preempt: f64, seed: u64) -> host_sim::Sim {
     let eps = endpoints(3);
@@ -41,11 +40,10 @@ fn workers_that_pick_at_the_same_time_really_race_and_the_spread_still_holds() {
         racing.cas_mismatches() > 0,
         "suspended pickers lost CAS races"
     );
-    let mut per_ep: BTreeMap<String, usize> = BTreeMap::new();
     for o in racing.outcomes() {
         assert_eq!(o.status, Some(200), "{}", o.text());
-        *per_ep.entry(o.endpoint.clone().unwrap()).or_default() += 1;
     }
+    let per_ep = per_endpoint(racing.outcomes());
     assert_eq!(
         per_ep.values().copied().collect::<Vec<_>>(),
         vec![8, 8, 8],

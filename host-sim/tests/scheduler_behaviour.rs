@@ -1,4 +1,4 @@
-//! The scheduler's behaviour as a user of the gateway relies on it (issue #5): the real
+//! The scheduler's behaviour as a user of the gateway relies on it: the real
 //! filter in a simulated multi-worker Envoy, in front of `vllm-sim` engines
 //! (`VllmUpstream`) whose `/metrics` the filter's data layer scrapes through host-sim's
 //! callouts. Every figure is deterministic per seed; the assertion messages carry the
@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::filter::with_scrape_cluster;
 use common::*;
 use host_sim::world::upstream::{Emit, UpstreamRequest};
 use host_sim::{ms, Control, Nanos, RequestSpec, Sim, SimConfig, Upstream, VllmConfig, SEC};
@@ -65,17 +66,8 @@ fn engine(addr: &str, seed: u64) -> VllmConfig {
         .seed(seed)
 }
 
-/// The filter scrapes through the `epp-metrics` cluster (its default, as in
-/// `envoy/bootstrap.yaml.in`); host-sim's default clusters are named `pool` and `scrape`,
-/// so without this one every scrape callout is refused and the data layer sees nothing.
-fn with_scrape_cluster(mut cfg: SimConfig) -> SimConfig {
-    cfg.clusters.push(host_sim::host::vm::Cluster {
-        name: epp_filter::datalayer::DEFAULT_CLUSTER.into(),
-        dst_header: "x-envoy-original-dst-host".into(),
-    });
-    cfg
-}
-
+/// A sim with `workers` workers whose filter scrapes its servers' `/metrics`, the
+/// ledger invariant installed; no endpoint yet.
 fn new_sim(config: String, workers: usize, seed: u64) -> Sim {
     let cfg = with_scrape_cluster(SimConfig::new(&config).workers(workers).seed(seed));
     let mut sim = Sim::new(cfg).expect("sim starts");
@@ -83,21 +75,20 @@ fn new_sim(config: String, workers: usize, seed: u64) -> Sim {
     sim
 }
 
-/// Requests per endpoint among `outcomes` answered 200 and sent in `[from, to)`.
+/// Requests per endpoint among those sent in `[from, to)`.
 fn spread(sim: &Sim, from: Nanos, to: Nanos) -> BTreeMap<String, usize> {
-    let mut per: BTreeMap<String, usize> = BTreeMap::new();
-    for o in sim.outcomes() {
-        if (from..to).contains(&o.sent_at) {
-            if let Some(ep) = &o.endpoint {
-                *per.entry(ep.clone()).or_default() += 1;
-            }
-        }
-    }
-    per
+    per_endpoint(
+        sim.outcomes()
+            .iter()
+            .filter(|o| (from..to).contains(&o.sent_at)),
+    )
 }
 
-// 1. ------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------
+// Load-aware picks from scraped metrics.
 
+/// Once a scrape shows a server's long queue (`vllm:num_requests_waiting`), new requests
+/// go to the two idle servers and none to it.
 #[test]
 fn a_server_with_a_long_queue_is_avoided_once_its_scrape_shows_it() {
     let eps = endpoints(3);
@@ -139,6 +130,8 @@ fn a_server_with_a_long_queue_is_avoided_once_its_scrape_shows_it() {
     );
 }
 
+/// A server whose scrape shows a nearly full KV cache gets at most a quarter of new
+/// requests (a third would be its fair share).
 #[test]
 fn a_server_with_a_full_kv_cache_is_avoided() {
     let eps = endpoints(3);
@@ -179,7 +172,8 @@ fn a_server_with_a_full_kv_cache_is_avoided() {
     );
 }
 
-// 2. ------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------
+// Prefix-cache affinity.
 
 struct PrefixRun {
     hit_rate: f64,
@@ -224,7 +218,6 @@ fn shared_prefix_run(config: String, seed: u64) -> PrefixRun {
     }));
     sim.run_until(10 * SEC).unwrap();
     let (mut cached, mut prompt) = (0u64, 0u64);
-    let mut per: BTreeMap<String, usize> = BTreeMap::new();
     for o in sim.outcomes() {
         assert_eq!(o.status, Some(200), "{}", o.text());
         let v = o.json();
@@ -232,14 +225,16 @@ fn shared_prefix_run(config: String, seed: u64) -> PrefixRun {
             .as_u64()
             .unwrap_or(0);
         prompt += v["usage"]["prompt_tokens"].as_u64().unwrap();
-        *per.entry(o.endpoint.clone().unwrap()).or_default() += 1;
     }
     PrefixRun {
         hit_rate: cached as f64 / prompt as f64,
-        per,
+        per: per_endpoint(sim.outcomes()),
     }
 }
 
+/// With the default profile, a workload of shared system prompts hits the servers' prefix
+/// caches over 80% of the time, far more than `random-picker`, without piling more than
+/// twice its fair share on any server.
 #[test]
 fn a_shared_prefix_workload_hits_the_cache_far_more_with_the_default_profile() {
     let eps = endpoints(4);
@@ -274,8 +269,11 @@ fn a_shared_prefix_workload_hits_the_cache_far_more_with_the_default_profile() {
     );
 }
 
-// 3. ------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------
+// LoRA affinity.
 
+/// With `lora-affinity-scorer`, every request for an adapter goes to the server whose
+/// `/metrics` says it runs that adapter.
 #[test]
 fn requests_for_a_lora_adapter_go_to_the_server_running_it() {
     let eps = endpoints(3);
@@ -339,8 +337,11 @@ fn requests_for_a_lora_adapter_go_to_the_server_running_it() {
     assert!(statuses.iter().all(|s| *s == Some(200)), "{statuses:?}");
 }
 
-// 4. ------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------
+// Prefill/decode disaggregation.
 
+/// With the prefill and decode filters, a long uncached prompt is sent to a decode
+/// server with `x-prefiller-host-port` naming a prefill server; a short prompt is not.
 #[test]
 fn a_long_uncached_prompt_is_prefilled_on_a_prefill_server_and_decoded_on_a_decode_server() {
     let eps = endpoints(3);
@@ -412,8 +413,11 @@ fn a_long_uncached_prompt_is_prefilled_on_a_prefill_server_and_decoded_on_a_deco
     assert_eq!(header(sh, "x-prefiller-host-port"), None, "{sh:?}");
 }
 
-// 5. ------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------
+// Servers leaving and returning.
 
+/// A server that goes away stops receiving requests (its scrapes fail), and receives
+/// again once it is back and answers its scrapes.
 #[test]
 fn a_server_that_leaves_stops_receiving_and_receives_again_when_it_returns() {
     let eps = endpoints(3);
@@ -458,8 +462,8 @@ fn a_server_that_leaves_stops_receiving_and_receives_again_when_it_returns() {
     );
 }
 
-// 6. ------------------------------------------------------------------------------------
-
+/// While no scrape callout can be dispatched at all, the filter keeps scoring every
+/// server on its last snapshot: no request fails, and all three receive afterwards.
 #[test]
 fn while_no_scrape_can_be_sent_every_server_stays_a_candidate_on_its_last_snapshot() {
     // host-sim answers every `/metrics` callout to a live endpoint with 200, so one

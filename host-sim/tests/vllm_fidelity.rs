@@ -7,9 +7,6 @@ use host_sim::vllm_sim::engine::EngineConfig;
 use host_sim::vllm_sim::server::{self, ServerConfig};
 use host_sim::world::upstream::{Emit, UpstreamRequest};
 use host_sim::{Nanos, Upstream, VllmConfig, SEC};
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
 
 struct Response {
     status: u16,
@@ -17,51 +14,20 @@ struct Response {
     body: String,
 }
 
-/// One HTTP/1.1 request on its own connection; de-chunks the body.
+/// One request to the real server (`tests::http`: its own connection, body de-chunked).
 fn http(addr: &str, method: &str, path: &str, body: &str) -> Response {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
+    let r = tests::http::request(
+        addr,
+        method,
+        path,
+        &[("content-type", "application/json")],
+        body.as_bytes(),
     )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read");
-    let raw = String::from_utf8(raw).expect("utf-8");
-    let (head, rest) = raw.split_once("\r\n\r\n").expect("head");
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap()[9..12].parse().unwrap();
-    let headers: Vec<(String, String)> = lines
-        .map(|l| {
-            let (k, v) = l.split_once(':').unwrap();
-            (k.trim().to_ascii_lowercase(), v.trim().to_string())
-        })
-        .collect();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v == "chunked");
-    let body = if chunked {
-        let mut out = String::new();
-        let mut rest = rest;
-        loop {
-            let (size, after) = rest.split_once("\r\n").expect("chunk size");
-            let n = usize::from_str_radix(size.trim(), 16).expect("hex size");
-            if n == 0 {
-                break;
-            }
-            out.push_str(&after[..n]);
-            rest = &after[n + 2..];
-        }
-        out
-    } else {
-        rest.to_string()
-    };
+    .expect("request");
     Response {
-        status,
-        headers,
-        body,
+        status: r.status,
+        body: r.text(),
+        headers: r.headers,
     }
 }
 

@@ -4,20 +4,9 @@
 mod common;
 
 use common::*;
-use host_sim::{ms, Final, Nanos, Poisson, RequestSpec, Sim, SimConfig, Upstream, VllmConfig, SEC};
+use host_sim::{ms, Final, Nanos, Poisson, RequestSpec, SimConfig, Upstream, VllmConfig, SEC};
 use serde_json::json;
 use std::collections::BTreeMap;
-
-/// A sim whose endpoints are engine-backed servers (seed `seed + i` for the i-th, as
-/// `vllm-sim`'s data-parallel ranks), the ledger invariant installed.
-fn engine_sim(cfg: SimConfig, eps: &[String], server: impl Fn(&str) -> VllmConfig) -> Sim {
-    let mut sim = Sim::new(cfg).expect("sim starts");
-    for e in eps {
-        sim.add_endpoint(e, Box::new(server(e).build()));
-    }
-    sim.add_invariant(within_ledger());
-    sim
-}
 
 fn ttft(o: &host_sim::Outcome) -> Nanos {
     o.first_token_at.expect("a first token") - o.sent_at
@@ -37,28 +26,22 @@ fn engine_backed_servers_answer_through_the_filter_with_realistic_timing() {
     let cfg = SimConfig::new(&filter_config(&eps, json!({})))
         .workers(4)
         .seed(3);
-    let mut sim = engine_sim(cfg, &eps, |a| {
+    let mut sim = sim_with(cfg, &eps, |a| {
         let i: u64 = a[7..8].parse().unwrap();
         VllmConfig::new(a)
             .profile("h100-llama-8b")
             .max_num_seqs(16)
             .seed(100 + i)
+            .build()
     });
     sim.add_requests(poisson(3, 80, 40.0));
     sim.run().unwrap();
-    let mut per_ep: BTreeMap<String, usize> = BTreeMap::new();
     let mut ttfts = Vec::new();
     for o in sim.outcomes() {
         assert_eq!(o.fin, Final::Response);
         assert_eq!(o.status, Some(200), "{}", o.text());
-        let ep = o.endpoint.clone().expect("routed");
-        assert_eq!(
-            o.header("x-gateway-destination-endpoint-served"),
-            Some(ep.as_str())
-        );
-        assert_eq!(o.header("x-sim-server"), Some(ep.as_str()));
+        assert_served_where_routed(o);
         assert_eq!(o.header("x-inference-port"), Some("8000"));
-        *per_ep.entry(ep).or_default() += 1;
         let text = o.text();
         if o.header("content-type") == Some("text/event-stream; charset=utf-8") {
             assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
@@ -70,6 +53,7 @@ fn engine_backed_servers_answer_through_the_filter_with_realistic_timing() {
             assert!((1..=24).contains(&n), "{v}");
         }
     }
+    let per_ep = per_endpoint(sim.outcomes());
     assert_eq!(per_ep.len(), 4, "{per_ep:?}");
     assert!(per_ep.values().all(|&n| n >= 10), "spread: {per_ep:?}");
     // 30 ms prefill overhead + 250 µs per uncached prompt token (~50) + a decode step
@@ -90,7 +74,7 @@ fn engine_backed_servers_answer_through_the_filter_with_realistic_timing() {
 fn a_repeated_prefix_comes_back_with_cached_tokens_through_the_filter() {
     let eps = endpoints(1);
     let cfg = SimConfig::new(&filter_config(&eps, json!({}))).workers(2);
-    let mut sim = engine_sim(cfg, &eps, VllmConfig::new);
+    let mut sim = sim_with(cfg, &eps, |a| VllmConfig::new(a).build());
     let prefix: String = (0..100).map(|i| format!("ctx{i:03} ")).collect();
     sim.add_requests([
         RequestSpec::completion(MODEL, &format!("{prefix}first"), 4, false).at(ms(10)),
@@ -126,9 +110,7 @@ fn an_overloaded_server_queues_and_its_429s_reach_the_client() {
         .seed(1)
         .build()
         .shared();
-    let mut sim = Sim::new(cfg).unwrap();
-    sim.add_endpoint(&eps[0], Box::new(server.clone()));
-    sim.add_invariant(within_ledger());
+    let mut sim = sim_with(cfg, &eps, |_| server.clone());
     sim.add_requests((0..12).map(|i| {
         RequestSpec::completion(MODEL, &format!("busy {i}"), 32, i % 2 == 0).at(ms(10) + i as u64)
     }));
@@ -171,7 +153,7 @@ fn run_once(seed: u64) -> (u64, Answers) {
     let cfg = SimConfig::new(&filter_config(&eps, json!({})))
         .workers(2)
         .seed(seed);
-    let mut sim = engine_sim(cfg, &eps, |a| VllmConfig::new(a).seed(seed));
+    let mut sim = sim_with(cfg, &eps, |a| VllmConfig::new(a).seed(seed).build());
     sim.add_requests(poisson(seed, 30, 60.0));
     sim.run().unwrap();
     let out = sim

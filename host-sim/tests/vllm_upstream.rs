@@ -21,7 +21,7 @@ fn post(path: &str, body: &str) -> UpstreamRequest {
     }
 }
 
-fn completion(prompt: &str, max_tokens: u32, stream: bool) -> UpstreamRequest {
+fn completion_request(prompt: &str, max_tokens: u32, stream: bool) -> UpstreamRequest {
     let body = serde_json::json!({
         "model": "sim-model", "prompt": prompt, "max_tokens": max_tokens,
         "ignore_eos": true, "stream": stream,
@@ -110,7 +110,7 @@ fn a_stream_gets_its_head_at_once_then_one_sse_chunk_per_engine_step() {
         .seed(3)
         .build();
     let prompt = words("hello", 40);
-    u.start(ms(5), 1, &completion(&prompt, 8, true));
+    u.start(ms(5), 1, &completion_request(&prompt, 8, true));
     let all = drain(&mut u);
     assert_eq!(status(&all), 200);
     assert_eq!(all[0].0, ms(5), "the head leaves on submission");
@@ -170,9 +170,17 @@ fn a_stream_gets_its_head_at_once_then_one_sse_chunk_per_engine_step() {
 fn a_repeated_prefix_is_served_from_the_kv_cache() {
     let mut u = VllmConfig::new(ADDR).seed(1).build();
     let prefix = words("shared", 100); // 250 tokens
-    u.start(0, 1, &completion(&format!("{prefix}first"), 4, false));
+    u.start(
+        0,
+        1,
+        &completion_request(&format!("{prefix}first"), 4, false),
+    );
     let first = drain(&mut u);
-    u.start(SEC, 2, &completion(&format!("{prefix}second"), 4, false));
+    u.start(
+        SEC,
+        2,
+        &completion_request(&format!("{prefix}second"), 4, false),
+    );
     let second = drain(&mut u);
     let (a, b): (Value, Value) = (
         serde_json::from_str(&body(&first)).unwrap(),
@@ -214,7 +222,11 @@ fn overload_queues_requests_then_refuses_with_429() {
         .seed(2)
         .build();
     for id in 1..=8 {
-        u.start(0, id, &completion(&words("q", 20 + id as usize), 16, true));
+        u.start(
+            0,
+            id,
+            &completion_request(&words("q", 20 + id as usize), 16, true),
+        );
     }
     let waiting = r#"vllm:num_requests_waiting{model_name="sim-model"}"#;
     let running = r#"vllm:num_requests_running{model_name="sim-model"}"#;
@@ -268,7 +280,7 @@ fn overload_queues_requests_then_refuses_with_429() {
 #[test]
 fn a_cancelled_request_is_aborted_in_the_engine_and_sends_nothing_more() {
     let mut u = VllmConfig::new(ADDR).seed(4).build();
-    u.start(0, 1, &completion("tell me a long story", 200, true));
+    u.start(0, 1, &completion_request("tell me a long story", 200, true));
     let before = drain_until(&mut u, ms(100));
     assert!(before.iter().any(|(_, e)| matches!(e, Emit::Data { .. })));
     u.cancel(ms(100), 1);
@@ -289,7 +301,7 @@ fn a_cancelled_request_is_aborted_in_the_engine_and_sends_nothing_more() {
 #[test]
 fn conditions_slow_fail_and_heal_the_server() {
     let mut u = VllmConfig::new(ADDR).seed(5).build();
-    let req = completion(&words("c", 50), 2, true);
+    let req = completion_request(&words("c", 50), 2, true);
     let ttft = |u: &mut VllmUpstream, at: Nanos, id: u64| {
         u.start(at, id, &req);
         let e = drain(u);
@@ -350,7 +362,7 @@ fn bad_requests_get_the_servers_errors_and_metrics_are_served() {
     let mut unknown = post("/v2/nothing", "");
     unknown.method = "GET".into();
     u.start(0, 6, &unknown);
-    let mut xerr = completion("x", 1, false);
+    let mut xerr = completion_request("x", 1, false);
     xerr.headers.push(("x-return-error".into(), "429".into()));
     u.start(0, 7, &xerr);
     let all = drain(&mut u);
@@ -399,7 +411,7 @@ fn workload(seed: u64) -> Vec<(Nanos, Emit)> {
                 .to_string(),
             )
         } else {
-            completion(
+            completion_request(
                 &format!("{}{i}", words("p", 10 + i as usize % 4)),
                 10,
                 i % 2 == 1,
@@ -429,8 +441,8 @@ fn the_same_seed_gives_the_same_answers_at_the_same_times() {
 fn a_shared_handle_sees_the_engine_the_sim_drives() {
     let shared = VllmConfig::new(ADDR).max_num_seqs(1).build().shared();
     let mut driver: Box<dyn Upstream> = Box::new(shared.clone());
-    driver.start(0, 1, &completion("a", 8, false));
-    driver.start(0, 2, &completion("b", 8, false));
+    driver.start(0, 1, &completion_request("a", 8, false));
+    driver.start(0, 2, &completion_request("b", 8, false));
     let mut out = Vec::new();
     driver.poll(ms(1), &mut out);
     let s = shared.borrow().snapshot();

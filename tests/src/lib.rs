@@ -1,6 +1,7 @@
 //! What the integration tests share: where the built artifacts are, processes that
-//! stop when dropped (a pool of `vllm-sim` servers, an Envoy with the filter), and a
-//! small blocking HTTP/1.1 client that timestamps every piece of a streamed body.
+//! stop when dropped ([`vllm_sim_server::VllmSimServer`], [`envoy::Envoy`] with the
+//! filter), a small blocking HTTP/1.1 client that timestamps every piece of a streamed
+//! body, and the requests the tests send ([`openai`]). Also the `loadgen` load generator.
 //!
 //! The artifacts are built by `scripts/test` (release `.wasm`, release `vllm-sim`,
 //! Envoy in `.venv`); a missing one fails the test with the command that builds it.
@@ -8,8 +9,9 @@
 pub mod envoy;
 pub mod http;
 pub mod loadgen;
+pub mod openai;
 pub mod paths;
-pub mod sim;
+pub mod vllm_sim_server;
 
 /// A fresh scratch directory for one test process's files.
 pub fn scratch_dir(tag: &str) -> std::path::PathBuf {

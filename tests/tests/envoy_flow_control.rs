@@ -10,9 +10,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tests::envoy::Envoy;
 use tests::http::{self, Response};
-use tests::sim::Sim;
-
-const MODEL: &str = "sim-model";
+use tests::openai::MODEL;
+use tests::vllm_sim_server::VllmSimServer;
 
 fn config(flow_control: Value) -> Value {
     json!({
@@ -30,8 +29,9 @@ fn config(flow_control: Value) -> Value {
     })
 }
 
-fn slow_sim() -> Vec<Sim> {
-    Sim::pool(
+/// One server of [`MODEL`] that takes about half a second per request.
+fn slow_servers() -> Vec<VllmSimServer> {
+    VllmSimServer::pool(
         1,
         &[
             "--model",
@@ -84,8 +84,8 @@ fn wait_queued(envoy: &Envoy, n: u64) {
 
 #[test]
 fn premium_requests_overtake_best_effort_ones_queued_before_them() {
-    let sims = slow_sim();
-    let envoy = Envoy::start(&config(json!({})), &[&sims[0].address], 2);
+    let servers = slow_servers();
+    let envoy = Envoy::start(&config(json!({})), &[&servers[0].address], 2);
     let finished: Mutex<Vec<&str>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         s.spawn(|| assert_eq!(send(&envoy, "standard", "filler").status, 200));
@@ -127,8 +127,12 @@ fn premium_requests_overtake_best_effort_ones_queued_before_them() {
 
 #[test]
 fn a_full_queue_answers_429_and_says_which_limit() {
-    let sims = slow_sim();
-    let envoy = Envoy::start(&config(json!({"maxRequests": 2})), &[&sims[0].address], 2);
+    let servers = slow_servers();
+    let envoy = Envoy::start(
+        &config(json!({"maxRequests": 2})),
+        &[&servers[0].address],
+        2,
+    );
     std::thread::scope(|s| {
         s.spawn(|| assert_eq!(send(&envoy, "standard", "a").status, 200));
         std::thread::sleep(Duration::from_millis(100));
@@ -145,10 +149,10 @@ fn a_full_queue_answers_429_and_says_which_limit() {
 
 #[test]
 fn a_request_waiting_past_its_ttl_gets_503() {
-    let sims = slow_sim();
+    let servers = slow_servers();
     let envoy = Envoy::start(
         &config(json!({"defaultRequestTTL": "200ms"})),
-        &[&sims[0].address],
+        &[&servers[0].address],
         2,
     );
     std::thread::scope(|s| {
@@ -207,11 +211,11 @@ fn a_request_waiting_past_its_ttl_gets_503() {
 
 #[test]
 fn without_the_gate_sheddable_requests_get_429_while_the_pool_is_saturated() {
-    let sims = slow_sim();
+    let servers = slow_servers();
     let mut legacy = config(json!({}));
     legacy.as_object_mut().unwrap().remove("featureGates");
     legacy.as_object_mut().unwrap().remove("flowControl");
-    let envoy = Envoy::start(&legacy, &[&sims[0].address], 2);
+    let envoy = Envoy::start(&legacy, &[&servers[0].address], 2);
     // Idle pool: a sheddable request passes.
     assert_eq!(send(&envoy, "best-effort", "a").status, 200);
     std::thread::scope(|s| {
@@ -253,7 +257,7 @@ fn scale_from_zero_requests_wait_for_an_endpoint_to_become_ready() {
         );
         // The endpoint comes up; its first scrape makes the pool ready.
         let started = Instant::now();
-        let _sim = Sim::start_on(port, &["--model", MODEL]);
+        let _server = VllmSimServer::start_on(port, &["--model", MODEL]);
         let r = waiting.join().unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.header("x-sim-server"), Some(address.as_str()));

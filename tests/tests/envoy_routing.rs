@@ -7,23 +7,17 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tests::envoy::Envoy;
 use tests::http;
-use tests::sim::Sim;
+use tests::openai::{completion, MODEL};
+use tests::vllm_sim_server::VllmSimServer;
 
-const MODEL: &str = "sim-model";
-
-fn completion(prompt: &str, stream: bool, max_tokens: u32) -> String {
-    json!({"model": MODEL, "prompt": prompt, "stream": stream, "max_tokens": max_tokens})
-        .to_string()
-}
-
-fn start(sims: &[Sim], workers: u32) -> Envoy {
-    let endpoints: Vec<&str> = sims.iter().map(|s| s.address.as_str()).collect();
-    Envoy::start(&json!({}), &endpoints, workers)
+/// Envoy with the default configuration in front of `servers`.
+fn start(servers: &[VllmSimServer], workers: u32) -> Envoy {
+    Envoy::start(&json!({}), &VllmSimServer::addresses(servers), workers)
 }
 
 #[test]
 fn concurrent_requests_are_spread_and_served_where_the_gateway_says() {
-    let sims = Sim::pool(
+    let servers = VllmSimServer::pool(
         3,
         &[
             "--model",
@@ -34,7 +28,7 @@ fn concurrent_requests_are_spread_and_served_where_the_gateway_says() {
             "5ms",
         ],
     );
-    let envoy = start(&sims, 2);
+    let envoy = start(&servers, 2);
     let served: Mutex<HashMap<String, usize>> = Mutex::new(HashMap::new());
     let requests = 72;
     let clients = 8;
@@ -43,7 +37,7 @@ fn concurrent_requests_are_spread_and_served_where_the_gateway_says() {
             let (envoy, served) = (&envoy, &served);
             s.spawn(move || {
                 for i in (c..requests).step_by(clients) {
-                    let body = completion(&format!("request {i}"), i % 2 == 0, 8);
+                    let body = completion(&format!("request {i}"), 8, i % 2 == 0);
                     let path = if i % 3 == 0 { "/v1/chat/completions" } else { "/v1/completions" };
                     let body = if i % 3 == 0 {
                         json!({"model": MODEL, "messages": [{"role": "user", "content": format!("q {i}")}], "max_tokens": 8}).to_string()
@@ -64,21 +58,21 @@ fn concurrent_requests_are_spread_and_served_where_the_gateway_says() {
     });
     let served = served.into_inner().unwrap();
     assert_eq!(served.values().sum::<usize>(), requests);
-    for sim in &sims {
-        let n = served.get(&sim.address).copied().unwrap_or(0);
-        assert!(n > 0, "{} got no request: {served:?}", sim.address);
+    for server in &servers {
+        let n = served.get(&server.address).copied().unwrap_or(0);
+        assert!(n > 0, "{} got no request: {served:?}", server.address);
         assert!(
             n <= requests / 2,
             "{} got {n} of {requests}: {served:?}",
-            sim.address
+            server.address
         );
     }
 }
 
 #[test]
 fn malformed_requests_get_openai_style_errors() {
-    let sims = Sim::pool(1, &["--model", MODEL]);
-    let endpoints = [sims[0].address.as_str()];
+    let servers = VllmSimServer::pool(1, &["--model", MODEL]);
+    let endpoints = [servers[0].address.as_str()];
     let envoy = Envoy::start(
         &json!({"pool": {"maxRequestBodyBytes": 4096}}),
         &endpoints,
@@ -94,7 +88,7 @@ fn malformed_requests_get_openai_style_errors() {
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["param"], "model");
 
-    let big = completion(&"x".repeat(8000), false, 1);
+    let big = completion(&"x".repeat(8000), 1, false);
     let r = http::post_json(&envoy.listen, "/v1/completions", &big).unwrap();
     assert_eq!(r.status, 413);
     assert!(r.json()["error"]["message"]
@@ -106,7 +100,7 @@ fn malformed_requests_get_openai_style_errors() {
     let r = http::post_json(
         &envoy.listen,
         "/v1/completions",
-        &completion("ok", false, 2),
+        &completion("ok", 2, false),
     )
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
@@ -114,26 +108,26 @@ fn malformed_requests_get_openai_style_errors() {
 
 #[test]
 fn a_client_cannot_choose_the_destination_itself() {
-    let sims = Sim::pool(2, &["--model", MODEL]);
-    let envoy = start(&sims[..1], 1);
+    let servers = VllmSimServer::pool(2, &["--model", MODEL]);
+    let envoy = start(&servers[..1], 1);
     // The client names the server outside the pool; the gateway overrides it.
     let r = http::request(
         &envoy.listen,
         "POST",
         "/v1/completions",
-        &[("x-gateway-destination-endpoint", &sims[1].address)],
-        completion("hi", false, 2).as_bytes(),
+        &[("x-gateway-destination-endpoint", &servers[1].address)],
+        completion("hi", 2, false).as_bytes(),
     )
     .unwrap();
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("x-sim-server"), Some(sims[0].address.as_str()));
+    assert_eq!(r.header("x-sim-server"), Some(servers[0].address.as_str()));
 }
 
 #[test]
 fn a_streamed_completion_arrives_token_by_token() {
     let itl_ms = 40;
     let tokens = 10;
-    let sims = Sim::pool(
+    let servers = VllmSimServer::pool(
         1,
         &[
             "--model",
@@ -144,11 +138,11 @@ fn a_streamed_completion_arrives_token_by_token() {
             &format!("{itl_ms}ms"),
         ],
     );
-    let envoy = start(&sims, 2);
+    let envoy = start(&servers, 2);
     let r = http::post_json(
         &envoy.listen,
         "/v1/completions",
-        &completion("stream me", true, tokens),
+        &completion("stream me", tokens, true),
     )
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
@@ -182,13 +176,13 @@ fn a_streamed_completion_arrives_token_by_token() {
 
 #[test]
 fn scheduling_metrics_appear_in_envoys_prometheus_output_with_labels() {
-    let sims = Sim::pool(1, &["--model", MODEL]);
-    let envoy = start(&sims, 2);
+    let servers = VllmSimServer::pool(1, &["--model", MODEL]);
+    let envoy = start(&servers, 2);
     for _ in 0..3 {
         let r = http::post_json(
             &envoy.listen,
             "/v1/completions",
-            &completion("hi", false, 1),
+            &completion("hi", 1, false),
         )
         .unwrap();
         assert_eq!(r.status, 200);
@@ -200,7 +194,7 @@ fn scheduling_metrics_appear_in_envoys_prometheus_output_with_labels() {
         has(&format!(
             "inference_extension_scheduler_attempts_total{{status=\"success\",target_model_name=\"{MODEL}\",\
              pod_name=\"127.0.0.1\",namespace=\"\",port=\"{}\"}} 3",
-            sims[0].address.rsplit(':').next().unwrap()
+            servers[0].address.rsplit(':').next().unwrap()
         )),
         "{prom}"
     );

@@ -8,13 +8,13 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tests::envoy::Envoy;
 use tests::http;
+use tests::openai::{completion, MODEL};
 use tests::scratch_dir;
-use tests::sim::Sim;
+use tests::vllm_sim_server::VllmSimServer;
 
-const MODEL: &str = "sim-model";
-
-fn sims(n: usize) -> Vec<Sim> {
-    Sim::pool(
+/// `n` servers of [`MODEL`] (TTFT 5 ms, ITL 2 ms).
+fn fast_servers(n: usize) -> Vec<VllmSimServer> {
+    VllmSimServer::pool(
         n,
         &[
             "--model",
@@ -27,16 +27,13 @@ fn sims(n: usize) -> Vec<Sim> {
     )
 }
 
-fn addrs(sims: &[Sim]) -> Vec<&str> {
-    sims.iter().map(|s| s.address.as_str()).collect()
-}
-
-fn completion(prompt: &str) -> String {
-    json!({"model": MODEL, "prompt": prompt, "max_tokens": 2}).to_string()
-}
-
 fn served_by(envoy: &Envoy, prompt: &str) -> String {
-    let r = http::post_json(&envoy.listen, "/v1/completions", &completion(prompt)).unwrap();
+    let r = http::post_json(
+        &envoy.listen,
+        "/v1/completions",
+        &completion(prompt, 2, false),
+    )
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     r.header("x-sim-server").expect("x-sim-server").to_string()
 }
@@ -71,8 +68,12 @@ fn value(line: &str) -> f64 {
 
 #[test]
 fn pool_and_scheduler_metrics_appear_in_prometheus_with_their_labels() {
-    let sims = sims(2);
-    let envoy = Envoy::start(&json!({"pool": {"name": "llama-pool"}}), &addrs(&sims), 2);
+    let servers = fast_servers(2);
+    let envoy = Envoy::start(
+        &json!({"pool": {"name": "llama-pool"}}),
+        &VllmSimServer::addresses(&servers),
+        2,
+    );
     let prompt = "Tell me about the weather in a city by the sea. ".repeat(8);
     for _ in 0..4 {
         served_by(&envoy, &prompt);
@@ -105,14 +106,14 @@ fn pool_and_scheduler_metrics_appear_in_prometheus_with_their_labels() {
             "inference_pool_per_pod_queue_size",
             vec![
                 ("name", "llama-pool"),
-                ("model_server_pod", sims[0].address.as_str()),
+                ("model_server_pod", servers[0].address.as_str()),
             ],
         ),
         (
             "inference_pool_per_pod_queue_size",
             vec![
                 ("name", "llama-pool"),
-                ("model_server_pod", sims[1].address.as_str()),
+                ("model_server_pod", servers[1].address.as_str()),
             ],
         ),
         ("inference_extension_prefix_indexer_size", vec![]),
@@ -191,8 +192,8 @@ fn pool_and_scheduler_metrics_appear_in_prometheus_with_their_labels() {
 
 #[test]
 fn a_repeated_prompt_follows_its_prefix_cache_across_workers() {
-    let sims = sims(3);
-    let envoy = Envoy::start(&json!({}), &addrs(&sims), 2);
+    let servers = fast_servers(3);
+    let envoy = Envoy::start(&json!({}), &VllmSimServer::addresses(&servers), 2);
     // Each request is a new connection, so they land on both workers; the index learned
     // by whichever worker routed the first one steers every later one.
     let prompt = "System: you are a meticulous assistant. Context: ".repeat(10);
@@ -215,22 +216,22 @@ fn a_repeated_prompt_follows_its_prefix_cache_across_workers() {
 
 #[test]
 fn an_endpoint_that_stops_answering_leaves_the_candidates() {
-    let mut sims = sims(2);
-    let envoy = Envoy::start(&json!({}), &addrs(&sims), 2);
+    let mut servers = fast_servers(2);
+    let envoy = Envoy::start(&json!({}), &VllmSimServer::addresses(&servers), 2);
     // Both serve at first.
     assert!(eventually(10, || {
         let p = envoy.prometheus();
         metric_line(&p, "inference_pool_ready_pods", &[]).is_some_and(|l| value(l) == 2.0)
     }));
-    let dead = sims.remove(0);
-    let alive = sims[0].address.clone();
+    let dead = servers.remove(0);
+    let alive = servers[0].address.clone();
     drop(dead);
     std::thread::sleep(Duration::from_millis(500));
     for i in 0..20 {
         let r = http::post_json(
             &envoy.listen,
             "/v1/completions",
-            &completion(&format!("after {i}")),
+            &completion(&format!("after {i}"), 2, false),
         )
         .unwrap();
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
@@ -245,7 +246,7 @@ fn an_endpoint_that_stops_answering_leaves_the_candidates() {
 
 #[test]
 fn endpoints_are_discovered_from_envoys_cluster_membership() {
-    let sims = sims(2);
+    let servers = fast_servers(2);
     let dir = scratch_dir("discovery");
     let config = dir.join("filter.json");
     std::fs::write(
@@ -254,11 +255,19 @@ fn endpoints_are_discovered_from_envoys_cluster_membership() {
             .to_string(),
     )
     .unwrap();
-    let cluster = format!("model-servers={}", addrs(&sims).join(","));
+    let cluster = format!(
+        "model-servers={}",
+        VllmSimServer::addresses(&servers).join(",")
+    );
     let envoy = Envoy::launch(&config, &[], 2, &["--cluster".to_string(), cluster]).unwrap();
     let mut seen: HashMap<String, usize> = HashMap::new();
     let found = eventually(10, || {
-        let r = http::post_json(&envoy.listen, "/v1/completions", &completion("hello")).unwrap();
+        let r = http::post_json(
+            &envoy.listen,
+            "/v1/completions",
+            &completion("hello", 2, false),
+        )
+        .unwrap();
         r.status == 200
     });
     assert!(
@@ -271,7 +280,7 @@ fn endpoints_are_discovered_from_envoys_cluster_membership() {
             .entry(served_by(&envoy, &format!("discovered {i}")))
             .or_default() += 1;
     }
-    for s in &sims {
+    for s in &servers {
         assert!(
             seen.contains_key(&s.address),
             "{} never served: {seen:?}",
@@ -282,8 +291,8 @@ fn endpoints_are_discovered_from_envoys_cluster_membership() {
 
 #[test]
 fn the_subset_hint_restricts_the_candidates() {
-    let sims = sims(3);
-    let envoy = Envoy::start(&json!({}), &addrs(&sims), 2);
+    let servers = fast_servers(3);
+    let envoy = Envoy::start(&json!({}), &VllmSimServer::addresses(&servers), 2);
     for _ in 0..6 {
         let r = http::request(
             &envoy.listen,
@@ -291,13 +300,13 @@ fn the_subset_hint_restricts_the_candidates() {
             "/v1/completions",
             &[
                 ("content-type", "application/json"),
-                ("x-gateway-destination-endpoint-subset", &sims[2].address),
+                ("x-gateway-destination-endpoint-subset", &servers[2].address),
             ],
-            completion("subset").as_bytes(),
+            completion("subset", 2, false).as_bytes(),
         )
         .unwrap();
         assert_eq!(r.status, 200);
-        assert_eq!(r.header("x-sim-server"), Some(sims[2].address.as_str()));
+        assert_eq!(r.header("x-sim-server"), Some(servers[2].address.as_str()));
     }
     // A hint naming no pool member: 503 with a JSON error.
     let r = http::request(
@@ -308,7 +317,7 @@ fn the_subset_hint_restricts_the_candidates() {
             ("content-type", "application/json"),
             ("x-gateway-destination-endpoint-subset", "10.255.255.1:9"),
         ],
-        completion("nowhere").as_bytes(),
+        completion("nowhere", 2, false).as_bytes(),
     )
     .unwrap();
     assert_eq!(r.status, 503);
@@ -317,7 +326,7 @@ fn the_subset_hint_restricts_the_candidates() {
 
 #[test]
 fn a_yaml_configuration_as_in_the_reference_docs_loads() {
-    let sims = sims(2);
+    let servers = fast_servers(2);
     let dir = scratch_dir("yaml");
     let path = dir.join("epp.yaml");
     std::fs::write(
@@ -340,13 +349,13 @@ fn a_yaml_configuration_as_in_the_reference_docs_loads() {
          \x20   weight: 5\n",
     )
     .unwrap();
-    let envoy = Envoy::launch(&path, &addrs(&sims), 2, &[]).unwrap();
+    let envoy = Envoy::launch(&path, &VllmSimServer::addresses(&servers), 2, &[]).unwrap();
     served_by(&envoy, "yaml works");
 }
 
 #[test]
 fn an_invalid_configuration_is_refused_and_envoy_says_why() {
-    let sims = sims(1);
+    let servers = fast_servers(1);
     let dir = scratch_dir("bad");
     let path = dir.join("filter.json");
     std::fs::write(
@@ -354,7 +363,7 @@ fn an_invalid_configuration_is_refused_and_envoy_says_why() {
         json!({"plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}, {"type": "foo-scorer"}]}).to_string(),
     )
     .unwrap();
-    let err = match Envoy::launch(&path, &addrs(&sims), 1, &[]) {
+    let err = match Envoy::launch(&path, &VllmSimServer::addresses(&servers), 1, &[]) {
         Ok(_) => panic!("Envoy started with an invalid configuration"),
         Err(e) => e,
     };
@@ -365,7 +374,7 @@ fn an_invalid_configuration_is_refused_and_envoy_says_why() {
     // The YAML path validates before Envoy starts, with the same message.
     let yaml = dir.join("bad.yaml");
     std::fs::write(&yaml, "plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: p\n  plugins:\n  - pluginRef: nope\n").unwrap();
-    let err = match Envoy::launch(&yaml, &addrs(&sims), 1, &[]) {
+    let err = match Envoy::launch(&yaml, &VllmSimServer::addresses(&servers), 1, &[]) {
         Ok(_) => panic!("an invalid YAML configuration was accepted"),
         Err(e) => e,
     };
@@ -378,10 +387,10 @@ fn an_invalid_configuration_is_refused_and_envoy_says_why() {
 
 #[test]
 fn fallback_endpoints_ride_in_the_destination_header_and_the_primary_serves() {
-    let sims = sims(3);
+    let servers = fast_servers(3);
     let envoy = Envoy::start(
         &json!({"plugins": [{"type": "queue-scorer"}, {"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": 3}}]}),
-        &addrs(&sims),
+        &VllmSimServer::addresses(&servers),
         2,
     );
     // A client cannot pick the primary either.
@@ -393,7 +402,7 @@ fn fallback_endpoints_ride_in_the_destination_header_and_the_primary_serves() {
             ("content-type", "application/json"),
             ("x-gateway-destination-endpoint-primary", "10.255.255.1:9"),
         ],
-        completion("fb").as_bytes(),
+        completion("fb", 2, false).as_bytes(),
     )
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
@@ -401,7 +410,7 @@ fn fallback_endpoints_ride_in_the_destination_header_and_the_primary_serves() {
         let r = http::post_json(
             &envoy.listen,
             "/v1/completions",
-            &completion(&format!("fb {i}")),
+            &completion(&format!("fb {i}"), 2, false),
         )
         .unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
@@ -412,11 +421,11 @@ fn fallback_endpoints_ride_in_the_destination_header_and_the_primary_serves() {
 
 #[test]
 fn model_rewrites_send_the_target_model_and_answer_with_the_clients_name() {
-    let sims = sims(1);
+    let servers = fast_servers(1);
     let envoy = Envoy::start(
         &json!({"pool": {"modelRewrites": [{"name": "alias", "modelName": "friendly-name",
             "targets": [{"modelName": MODEL, "weight": 1}]}]}}),
-        &addrs(&sims),
+        &VllmSimServer::addresses(&servers),
         2,
     );
     let body = json!({"model": "friendly-name", "prompt": "hi", "max_tokens": 2}).to_string();
@@ -443,13 +452,18 @@ fn model_rewrites_send_the_target_model_and_answer_with_the_clients_name() {
 
 #[test]
 fn with_fail_open_a_request_no_endpoint_passes_goes_to_a_healthy_one() {
-    let sims = sims(2);
+    let servers = fast_servers(2);
     let filtered_out = json!({"plugins": [
         {"type": "label-selector-filter", "parameters": {"matchLabels": {"zone": "nowhere"}}},
         {"type": "queue-scorer"}]});
     // Fail closed (the default): 503 with a JSON error naming the profile.
-    let envoy = Envoy::start(&filtered_out, &addrs(&sims), 1);
-    let r = http::post_json(&envoy.listen, "/v1/completions", &completion("closed")).unwrap();
+    let envoy = Envoy::start(&filtered_out, &VllmSimServer::addresses(&servers), 1);
+    let r = http::post_json(
+        &envoy.listen,
+        "/v1/completions",
+        &completion("closed", 2, false),
+    )
+    .unwrap();
     assert_eq!(r.status, 503);
     assert!(
         r.json()["error"]["message"]
@@ -463,20 +477,30 @@ fn with_fail_open_a_request_no_endpoint_passes_goes_to_a_healthy_one() {
     // Fail open: served anyway.
     let mut open = filtered_out.clone();
     open["pool"] = json!({"failOpen": true});
-    let envoy = Envoy::start(&open, &addrs(&sims), 1);
-    let r = http::post_json(&envoy.listen, "/v1/completions", &completion("open")).unwrap();
+    let envoy = Envoy::start(&open, &VllmSimServer::addresses(&servers), 1);
+    let r = http::post_json(
+        &envoy.listen,
+        "/v1/completions",
+        &completion("open", 2, false),
+    )
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
 #[test]
 fn a_session_token_keeps_a_conversation_on_its_endpoint() {
-    let sims = sims(3);
+    let servers = fast_servers(3);
     let envoy = Envoy::start(
         &json!({"plugins": [{"type": "session-affinity-scorer"}, {"type": "max-score-picker"}]}),
-        &addrs(&sims),
+        &VllmSimServer::addresses(&servers),
         2,
     );
-    let r = http::post_json(&envoy.listen, "/v1/completions", &completion("turn 0")).unwrap();
+    let r = http::post_json(
+        &envoy.listen,
+        "/v1/completions",
+        &completion("turn 0", 2, false),
+    )
+    .unwrap();
     assert_eq!(r.status, 200);
     let token = r
         .header("x-session-token")
@@ -492,7 +516,7 @@ fn a_session_token_keeps_a_conversation_on_its_endpoint() {
                 ("content-type", "application/json"),
                 ("x-session-token", &token),
             ],
-            completion(&format!("turn {i}")).as_bytes(),
+            completion(&format!("turn {i}"), 2, false).as_bytes(),
         )
         .unwrap();
         assert_eq!(r.header("x-sim-server"), Some(first.as_str()), "turn {i}");

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 use std::process::Command;
-use tests::sim::Sim;
+use tests::vllm_sim_server::VllmSimServer;
 
 fn loadgen(args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_loadgen"))
@@ -25,8 +25,8 @@ fn loadgen(args: &[&str]) -> Value {
 
 #[test]
 fn a_closed_loop_streamed_run_is_counted_like_the_servers_count_it() {
-    let sims = Sim::pool(2, &["--profile", "zero"]);
-    let urls = format!("{},{}", sims[0].address, sims[1].address);
+    let servers = VllmSimServer::pool(2, &["--profile", "zero"]);
+    let urls = format!("{},{}", servers[0].address, servers[1].address);
     let records = tests::scratch_dir("loadgen").join("records.jsonl");
     let s = loadgen(&[
         "--url",
@@ -63,9 +63,9 @@ fn a_closed_loop_streamed_run_is_counted_like_the_servers_count_it() {
     // 4 token reads or more per request: at least 4 gaps each.
     assert!(s["itl_ms"]["count"].as_u64().unwrap() >= 40 * 4, "{s:#}");
     // Round-robin over the two targets; the servers name themselves by address.
-    for sim in &sims {
-        assert_eq!(s["servers"][&sim.address]["requests"], 20, "{s:#}");
-        let m = &s["server_metrics"][&sim.address];
+    for server in &servers {
+        assert_eq!(s["servers"][&server.address]["requests"], 20, "{s:#}");
+        let m = &s["server_metrics"][&server.address];
         assert_eq!(m["requests"], 20.0, "{s:#}");
         assert_eq!(m["generation_tokens"], 100.0, "{s:#}");
         assert_eq!(m["share"], 0.5);
@@ -91,8 +91,8 @@ fn a_closed_loop_streamed_run_is_counted_like_the_servers_count_it() {
 
 #[test]
 fn an_open_loop_chat_run_with_tenants_and_priorities() {
-    let sims = Sim::pool(1, &["--profile", "zero"]);
-    let url = sims[0].address.as_str();
+    let servers = VllmSimServer::pool(1, &["--profile", "zero"]);
+    let url = servers[0].address.as_str();
     let s = loadgen(&[
         "--url",
         url,
@@ -149,7 +149,7 @@ fn failures_are_counted_not_fatal() {
     assert!(s["server_metrics"][&dead]["error"].is_string());
 
     // A server that answers 429 to everything (failure injection).
-    let sims = Sim::pool(
+    let servers = VllmSimServer::pool(
         1,
         &[
             "--profile",
@@ -160,7 +160,7 @@ fn failures_are_counted_not_fatal() {
             "rate_limit",
         ],
     );
-    let s = loadgen(&["--url", &sims[0].address, "--requests", "5"]);
+    let s = loadgen(&["--url", &servers[0].address, "--requests", "5"]);
     assert_eq!(s["requests"]["ok"], 0);
     assert_eq!(s["status"]["429"], 5, "{s:#}");
 }

@@ -59,10 +59,8 @@ pub enum Outgoing {
     },
     /// An HTTP callout was dispatched.
     HttpCall {
-        /// Token returned to the filter.
+        /// Token returned to the filter (its root receives the response).
         token: u32,
-        /// Root context that receives the response.
-        root: u32,
         /// Cluster name.
         cluster: String,
         /// Request headers.

@@ -7,3 +7,11 @@ pub mod faults;
 pub mod module;
 pub mod shared;
 pub mod vm;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Locks a process-wide structure (single-threaded: never contended, never poisoned in
+/// a way that matters).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -16,10 +16,6 @@ pub struct QueueOwner {
 /// One shared queue.
 #[derive(Debug)]
 pub struct Queue {
-    /// `vm_id` it belongs to.
-    pub vm_id: String,
-    /// Its name.
-    pub name: String,
     /// Last registrant.
     pub owner: QueueOwner,
     /// Messages not dequeued yet.
@@ -58,8 +54,6 @@ pub struct Shared {
     queue_index: HashMap<(String, String), u32>,
     /// Stats by full name.
     pub stats: BTreeMap<String, Stat>,
-    /// Process-wide shared-data operations, for curiosity and benchmarks.
-    pub data_ops: u64,
     /// Conditional writes refused because another write came first.
     pub cas_mismatches: u64,
 }
@@ -85,7 +79,6 @@ impl Shared {
 
     /// `get_shared_data`: value and CAS token, `None` when the key was never written.
     pub fn get(&mut self, vm_id: &str, key: &str) -> Option<(Vec<u8>, u32)> {
-        self.data_ops += 1;
         self.data
             .get(&(vm_id.to_string(), key.to_string()))
             .cloned()
@@ -101,7 +94,6 @@ impl Shared {
     /// `set_shared_data`: a missing key is always written; an existing one only when
     /// `cas` is 0 or equals its token.
     pub fn set(&mut self, vm_id: &str, key: &str, value: &[u8], cas: u32) -> SetResult {
-        self.data_ops += 1;
         let token = self.cas_token();
         let k = (vm_id.to_string(), key.to_string());
         match self.data.get_mut(&k) {
@@ -119,18 +111,6 @@ impl Shared {
         SetResult::Ok
     }
 
-    /// Keys of `vm_id`, sorted (host-side inspection only; the ABI has no listing).
-    pub fn keys(&self, vm_id: &str) -> Vec<String> {
-        let mut keys: Vec<String> = self
-            .data
-            .keys()
-            .filter(|(v, _)| v == vm_id)
-            .map(|(_, k)| k.clone())
-            .collect();
-        keys.sort();
-        keys
-    }
-
     /// `register_shared_queue`: creates the queue or re-points it at the caller (the last
     /// registrant receives). Returns its token.
     pub fn register_queue(&mut self, vm_id: &str, name: &str, owner: QueueOwner) -> u32 {
@@ -140,8 +120,6 @@ impl Shared {
             return token;
         }
         self.queues.push(Queue {
-            vm_id: vm_id.to_string(),
-            name: name.to_string(),
             owner,
             items: VecDeque::new(),
         });
@@ -170,11 +148,6 @@ impl Shared {
         let idx = (token as usize).checked_sub(1).ok_or(())?;
         let q = self.queues.get_mut(idx).ok_or(())?;
         Ok(q.items.pop_front())
-    }
-
-    /// A queue by token (inspection).
-    pub fn queue(&self, token: u32) -> Option<&Queue> {
-        self.queues.get((token as usize).checked_sub(1)?)
     }
 
     /// Defines (or finds) a stat.

@@ -78,8 +78,6 @@ pub struct Preempt {
     pub probability: f64,
     /// Seeded source of those choices.
     pub rng: Rng,
-    /// Suspensions so far.
-    pub yields: u64,
 }
 
 /// Runs a future that waits on nothing external to completion (polling again when a VM
@@ -151,8 +149,6 @@ pub struct HostState {
     pub memory: Option<Memory>,
     /// `proxy_on_memory_allocate`.
     pub alloc: Option<TypedFunc<i32, i32>>,
-    /// Host calls made by this VM.
-    pub hostcalls: u64,
     /// Preemption state.
     pub preempt: Preempt,
     /// The root answered `on_done` with false: `proxy_done` is expected.
@@ -374,12 +370,10 @@ impl Vm {
             callout_limit: init.callout_limit,
             memory: None,
             alloc: None,
-            hostcalls: 0,
             preempt: Preempt {
                 enabled: false,
                 probability: init.preempt_probability,
                 rng: Rng::new(init.seed, 78),
-                yields: 0,
             },
             draining: false,
             done_signalled: false,

@@ -1,34 +1,111 @@
 //! The VMs of the simulated process: creating them, calling into them (with
 //! preemption), the deferred actions they ask for, crashes, queue messages and callouts.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use super::events::{Ev, Target};
+use super::upstreams::{UpRef, UpReq};
+use super::{demangle_backtrace, Crash, RootShutdown, Sim};
+use crate::host::effects::{Effect, Outgoing, StreamDir};
+use crate::host::lock;
+use crate::host::vm::{Callback, CalloutResponse, Vm};
+use crate::world::clock::{Nanos, MS};
+use crate::world::outcomes::Final;
+use crate::world::upstream::UpstreamRequest;
+use crate::SLOT_BASE;
+use anyhow::{bail, Result};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+/// A VM's tick timer. A tick event carries the generation it was armed in; a change of
+/// period, a crash or the root's deletion starts a new generation, so older tick events
+/// are stale.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Ticks {
+    /// The root's tick period (0 = none).
+    pub(super) period_ms: u32,
+    /// The current generation.
+    pub(super) gen: u64,
+}
+
+/// The VMs of the process, by index (a reloaded VM is a new one), with their per-VM
+/// state.
+pub(super) struct Vms {
+    /// Every VM created; `None` while it runs a (possibly suspended) callback.
+    pub(super) all: Vec<Option<Vm>>,
+    /// Per VM: its thread slot (0 base, 1 main thread, 2.. workers).
+    pub(super) slot: Vec<usize>,
+    /// Per VM: its tick timer.
+    pub(super) ticks: Vec<Ticks>,
+    /// Per VM: its root's shutdown, once [`Control::RemovePlugin`](super::Control) ran.
+    pub(super) shutdowns: Vec<Option<RootShutdown>>,
+    /// Per thread slot: the VM serving it now.
+    pub(super) by_slot: Vec<Option<usize>>,
+    /// VMs inside a callback now, outermost first: one suspended in a host call, and
+    /// those whose events run meanwhile.
+    pub(super) busy: Vec<usize>,
+    /// Callouts sent and not answered yet: (VM, token).
+    pub(super) callouts: HashSet<(usize, u32)>,
+    /// When the plugin was removed ([`Control::RemovePlugin`](super::Control)).
+    pub(super) removed_at: Option<Nanos>,
+}
+
+impl Vms {
+    /// No VM yet, `slots` thread slots.
+    pub(super) fn new(slots: usize) -> Vms {
+        Vms {
+            all: Vec::new(),
+            slot: Vec::new(),
+            ticks: Vec::new(),
+            shutdowns: Vec::new(),
+            by_slot: vec![None; slots],
+            busy: Vec::new(),
+            callouts: HashSet::new(),
+            removed_at: None,
+        }
+    }
+}
+
+impl std::ops::Index<usize> for Vms {
+    type Output = Vm;
+    fn index(&self, i: usize) -> &Vm {
+        self.all[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("VM {i} is suspended in a callback"))
+    }
+}
+
+impl std::ops::IndexMut<usize> for Vms {
+    fn index_mut(&mut self, i: usize) -> &mut Vm {
+        self.all[i]
+            .as_mut()
+            .unwrap_or_else(|| panic!("VM {i} is suspended in a callback"))
+    }
+}
 
 impl Sim {
     /// Runs one callback, letting other VMs' due events run while it is suspended.
     pub(super) fn invoke(&mut self, vm: usize, cb: Callback) -> wasmtime::Result<i32> {
-        let Some(mut v) = self.vms.0[vm].take() else {
+        let Some(mut v) = self.vms.all[vm].take() else {
             return Err(wasmtime::Error::msg(format!(
                 "VM {vm} re-entered while suspended"
             )));
         };
         v.store.data_mut().preempt.enabled =
-            self.busy.is_empty() && self.cfg.preempt_probability > 0.0;
-        self.busy.push(vm);
+            self.vms.busy.is_empty() && self.cfg.preempt_probability > 0.0;
+        self.vms.busy.push(vm);
         let mut fut = Box::pin(v.invoke(cb));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let (v, r) = loop {
             match std::future::Future::poll(fut.as_mut(), &mut cx) {
                 std::task::Poll::Ready(x) => break x,
                 std::task::Poll::Pending => {
-                    self.yields += 1;
-                    self.hash.u64(0x5EED_1E1D ^ vm as u64);
+                    self.record.yields += 1;
+                    self.record.hash.u64(0x5EED_1E1D ^ vm as u64);
                     self.run_concurrent();
                 }
             }
         };
-        self.busy.pop();
-        self.vms.0[vm] = Some(v);
+        self.vms.busy.pop();
+        self.vms.all[vm] = Some(v);
         r
     }
 
@@ -36,53 +113,40 @@ impl Sim {
     /// does not need a busy VM (as another Envoy thread would meanwhile).
     pub(super) fn run_concurrent(&mut self) {
         let until = self.now + self.cfg.preempt_window;
-        let busy = self.busy.clone();
-        let (streams, upreqs, slot_vm) = (&self.streams, &self.upreqs, &self.slot_vm);
-        let next =
-            self.events
-                .pop_matching(until, |ev| match event_vm(ev, streams, upreqs, slot_vm) {
-                    Target::Free => true,
-                    Target::Vm(v) => !busy.contains(&v),
-                    Target::All => false,
-                });
+        let busy = self.vms.busy.clone();
+        let (streams, upstream, by_slot) = (
+            &self.requests.streams,
+            &self.upstreams.active,
+            &self.vms.by_slot,
+        );
+        let next = self.events.queue.pop_matching(until, |ev| {
+            match Target::of(ev, streams, upstream, by_slot) {
+                Target::Free => true,
+                Target::Vm(v) => !busy.contains(&v),
+                Target::All => false,
+            }
+        });
         if let Some((t, ev)) = next {
             if let Err(e) = self.process(t, ev) {
-                if self.deferred_error.is_none() {
-                    self.deferred_error = Some(e);
+                if self.events.deferred_error.is_none() {
+                    self.events.deferred_error = Some(e);
                 }
             }
         }
     }
 
+    /// Creates the VM of thread `slot` (replacing the slot's VM, if any), its root
+    /// context, and runs `on_vm_start` and `on_configure`; fails if the filter refuses its
+    /// configuration. Returns the VM's index.
     pub(super) fn new_vm(&mut self, slot: usize) -> Result<usize> {
         let seed = self.rng.next_u64();
-        let vm = Vm::new(
-            &self.compiled.engine,
-            &self.linker,
-            &self.compiled.module,
-            VmInit {
-                slot,
-                vm_id: self.cfg.vm_id.clone(),
-                plugin_name: self.cfg.plugin_name.clone(),
-                root_id_name: self.cfg.root_id.clone(),
-                plugin_config: self.cfg.plugin_config.clone().into_bytes(),
-                vm_config: self.cfg.vm_config.clone().into_bytes(),
-                seed,
-                shared: self.shared.clone(),
-                faults: self.faults.clone(),
-                log: self.log.clone(),
-                clusters: self.clusters.clone(),
-                callouts_in_flight: self.callouts_in_flight.clone(),
-                callout_limit: self.cfg.callout_limit,
-                preempt_probability: self.cfg.preempt_probability,
-            },
-        )?;
-        let idx = self.vms.0.len();
-        self.vms.0.push(Some(vm));
-        self.vm_slot.push(slot);
-        self.tick_state.push((0, 0));
-        self.shutdowns.push(None);
-        self.slot_vm[slot] = Some(idx);
+        let vm = self.process.new_vm(&self.cfg, slot, seed)?;
+        let idx = self.vms.all.len();
+        self.vms.all.push(Some(vm));
+        self.vms.slot.push(slot);
+        self.vms.ticks.push(Ticks::default());
+        self.vms.shutdowns.push(None);
+        self.vms.by_slot[slot] = Some(idx);
         let root = {
             let h = self.vms[idx].store.data_mut();
             let r = h.alloc_ctx();
@@ -102,7 +166,7 @@ impl Sim {
             } else {
                 "on_configure"
             };
-            let logs: Vec<String> = lock(&self.log)
+            let logs: Vec<String> = lock(&self.process.log)
                 .iter()
                 .filter(|l| l.slot == slot && l.level >= 3)
                 .map(|l| l.message.clone())
@@ -115,20 +179,17 @@ impl Sim {
         Ok(idx)
     }
 
-    pub(super) fn start_vm(&mut self, slot: usize) -> Result<()> {
-        self.new_vm(slot)?;
-        Ok(())
-    }
-
     /// Calls into a VM and then runs the deferred actions. `None` when the VM is dead or
     /// trapped in this call.
     pub(super) fn call(&mut self, vm: usize, cb: Callback) -> Option<i32> {
         if self.vms[vm].failed.is_some() {
             return None;
         }
-        self.vm_calls += 1;
-        self.hash.u64(0xCA11 ^ ((vm as u64) << 8) ^ cb.code());
-        self.hash.u64(u64::from(cb.context()));
+        self.record.vm_calls += 1;
+        self.record
+            .hash
+            .u64(0xCA11 ^ ((vm as u64) << 8) ^ cb.code());
+        self.record.hash.u64(u64::from(cb.context()));
         let ctx = cb.context();
         {
             let h = self.vms[vm].store.data_mut();
@@ -167,7 +228,7 @@ impl Sim {
                     self.apply_effect(vm, e);
                 }
                 if std::mem::take(&mut self.vms[vm].store.data_mut().done_signalled) {
-                    if let Some(s) = self.shutdowns[vm].as_mut() {
+                    if let Some(s) = self.vms.shutdowns[vm].as_mut() {
                         s.proxy_done_at = Some(self.now);
                     }
                     self.delete_root(vm);
@@ -181,15 +242,19 @@ impl Sim {
         }
     }
 
+    /// Re-arms the VM's tick if the callback changed its period (a new generation).
     pub(super) fn after_call_tick(&mut self, vm: usize, period: u32) {
         // The base VM never ticks in Envoy.
-        if self.vm_slot[vm] == SLOT_BASE {
+        if self.vms.slot[vm] == SLOT_BASE {
             return;
         }
-        let (cur, gen) = self.tick_state[vm];
-        if cur != period {
-            let gen = gen + 1;
-            self.tick_state[vm] = (period, gen);
+        let ticks = self.vms.ticks[vm];
+        if ticks.period_ms != period {
+            let gen = ticks.gen + 1;
+            self.vms.ticks[vm] = Ticks {
+                period_ms: period,
+                gen,
+            };
             if period > 0 {
                 self.push(self.now + u64::from(period) * MS, Ev::Tick { vm, gen });
             }
@@ -204,20 +269,22 @@ impl Sim {
              exceeded ({replies} local replies drained nested in one callback; Envoy's V8 \
              overflows at about 300)"
         );
-        self.crashes.push(Crash {
+        self.record.crashes.push(Crash {
             at: self.now,
-            slot: self.vm_slot[vm],
+            slot: self.vms.slot[vm],
             callback: "proxy_on_response_headers",
             message: message.clone(),
         });
         self.vms[vm].failed = Some((self.now, message));
-        self.tick_state[vm].1 += 1;
+        self.vms.ticks[vm].gen += 1;
     }
 
+    /// A trap: the VM is dead (its pending actions dropped, ticks stopped), the crash
+    /// recorded, and the stream whose callback trapped gets Envoy's 503.
     pub(super) fn crash(&mut self, vm: usize, cb: Callback, e: &wasmtime::Error) {
         let message = demangle_backtrace(&format!("{e:?}"));
-        let slot = self.vm_slot[vm];
-        self.crashes.push(Crash {
+        let slot = self.vms.slot[vm];
+        self.record.crashes.push(Crash {
             at: self.now,
             slot,
             callback: cb.name(),
@@ -229,7 +296,7 @@ impl Sim {
             h.outgoing.clear();
         }
         self.vms[vm].failed = Some((self.now, message));
-        self.tick_state[vm].1 += 1;
+        self.vms.ticks[vm].gen += 1;
         // The stream whose callback trapped gets Envoy's 503.
         let sid = self.vms[vm]
             .store
@@ -244,10 +311,13 @@ impl Sim {
 
     /// Envoy's `failStream`: a 503 local reply that no longer runs the dead filter.
     pub(super) fn fail_stream(&mut self, sid: usize) {
-        self.streams[sid].filter = false;
+        self.requests.streams[sid].filter = false;
         self.local_reply(sid, 503, Vec::new(), Vec::new(), false);
     }
 
+    /// Schedules what a callback sent out: a queue notification, or an HTTP callout
+    /// (answered at once for `GET /metrics`, refused without a live destination, else sent
+    /// to the endpoint).
     pub(super) fn outgoing(&mut self, vm: usize, o: Outgoing) {
         match o {
             Outgoing::QueueReady { slot, root, token } => {
@@ -261,14 +331,14 @@ impl Sim {
             }
             Outgoing::HttpCall {
                 token,
-                root: _,
                 cluster,
                 headers,
                 body,
                 timeout_ms,
             } => {
-                self.callouts.insert((vm, token), 0);
+                self.vms.callouts.insert((vm, token));
                 let dst_header = self
+                    .process
                     .clusters
                     .iter()
                     .find(|c| c.name == cluster)
@@ -285,8 +355,10 @@ impl Sim {
                     );
                 }
                 let rtt = self.cfg.network.upstream.draw(&mut self.rng) * 2;
-                let ep = dst.as_ref().and_then(|d| self.ep_index.get(d).copied());
-                let Some(ep) = ep.filter(|&e| self.endpoints[e].up) else {
+                let ep = dst
+                    .as_ref()
+                    .and_then(|d| self.upstreams.by_addr.get(d).copied());
+                let Some(ep) = ep.filter(|&e| self.upstreams.endpoints[e].up) else {
                     let (status, body) = if dst.is_none() {
                         ("503", "no healthy upstream".to_string())
                     } else {
@@ -308,7 +380,7 @@ impl Sim {
                 };
                 let path = get(":path");
                 if get(":method") == "GET" && path.split('?').next() == Some("/metrics") {
-                    let text = self.endpoints[ep].upstream.metrics(self.now);
+                    let text = self.upstreams.endpoints[ep].upstream.metrics(self.now);
                     let resp = CalloutResponse {
                         headers: vec![
                             (":status".into(), "200".into()),
@@ -319,38 +391,62 @@ impl Sim {
                     self.push(self.now + rtt, Ev::CalloutDone { vm, token, resp });
                     return;
                 }
-                let uid = self.next_uid;
-                self.next_uid += 1;
-                self.upreqs.insert(
+                let uid = self.upstreams.next_uid;
+                self.upstreams.next_uid += 1;
+                self.upstreams.active.insert(
                     uid,
-                    UpReq {
-                        owner: UpRef::Callout { vm, token },
+                    UpReq::new(
+                        UpRef::Callout { vm, token },
                         ep,
-                        req: Some(UpstreamRequest {
+                        UpstreamRequest {
                             method: get(":method"),
                             path,
                             headers,
                             body,
-                        }),
-                        last_delivery: 0,
-                        callout: CalloutResponse::default(),
-                        done: false,
-                    },
+                        },
+                    ),
                 );
                 self.push(self.now + rtt / 2, Ev::UpstreamArrive { uid });
             }
         }
     }
 
+    /// A callout timed out: Envoy resets its upstream request and answers 504.
+    pub(super) fn callout_timeout(&mut self, vm: usize, token: u32) {
+        let mut uids: Vec<u64> = self
+            .upstreams
+            .active
+            .iter()
+            .filter(|(_, u)| matches!(u.owner, UpRef::Callout { vm: v, token: t } if v == vm && t == token))
+            .map(|(k, _)| *k)
+            .collect();
+        uids.sort_unstable();
+        for uid in uids {
+            if let Some(u) = self.upstreams.active.remove(&uid) {
+                self.upstreams.endpoints[u.ep]
+                    .upstream
+                    .cancel(self.now, uid);
+                self.rearm_upstream(u.ep);
+            }
+        }
+        let resp = CalloutResponse {
+            headers: vec![(":status".into(), "504".into())],
+            body: b"upstream request timeout".to_vec(),
+        };
+        self.callout_done(vm, token, resp);
+    }
+
+    /// A callout's response reaches its VM's root (`on_http_call_response`), unless it was
+    /// already answered, or the VM or its root is gone.
     pub(super) fn callout_done(&mut self, vm: usize, token: u32, resp: CalloutResponse) {
-        if self.callouts.remove(&(vm, token)).is_none() {
+        if !self.vms.callouts.remove(&(vm, token)) {
             return; // already answered (or timed out)
         }
-        let _ = self
-            .callouts_in_flight
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(1))
-            });
+        let _ = self.process.callouts_in_flight.fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |n| Some(n.saturating_sub(1)),
+        );
         if self.vms[vm].failed.is_some() || self.root_deleted(vm) {
             return;
         }
@@ -358,11 +454,12 @@ impl Sim {
         let (nh, nb) = (resp.headers.len() as u32, resp.body.len() as u32);
         self.vms[vm].store.data_mut().callout = Some(resp);
         self.call(vm, Callback::HttpCallResponse(root, token, nh, nb, 0));
-        if let Some(Some(v)) = self.vms.0.get_mut(vm) {
+        if let Some(Some(v)) = self.vms.all.get_mut(vm) {
             v.store.data_mut().callout = None;
         }
     }
 
+    /// Runs one deferred action of a callback on its stream.
     pub(super) fn apply_effect(&mut self, vm: usize, e: Effect) {
         let ctx = match &e {
             Effect::Continue { ctx, .. }
@@ -391,16 +488,17 @@ impl Sim {
         }
     }
 
-    /// [`Control::RemovePlugin`]: `proxy_on_done` on every live VM's root, in a seeded
+    /// [`Control::RemovePlugin`](super::Control::RemovePlugin): `proxy_on_done` on every live VM's root, in a seeded
     /// order (cpp-host's `startShutdown`). True → deleted at once; false → pending until
     /// the root calls `proxy_done`.
     pub(super) fn remove_plugin(&mut self) {
-        if self.removed_at.is_some() {
+        if self.vms.removed_at.is_some() {
             return;
         }
-        self.removed_at = Some(self.now);
+        self.vms.removed_at = Some(self.now);
         let mut order: Vec<usize> = self
-            .slot_vm
+            .vms
+            .by_slot
             .iter()
             .flatten()
             .copied()
@@ -411,8 +509,8 @@ impl Sim {
             order.swap(i, j);
         }
         for vm in order {
-            self.shutdowns[vm] = Some(RootShutdown {
-                slot: self.vm_slot[vm],
+            self.vms.shutdowns[vm] = Some(RootShutdown {
+                slot: self.vms.slot[vm],
                 on_done_at: self.now,
                 not_done: false,
                 proxy_done_at: None,
@@ -421,7 +519,7 @@ impl Sim {
             let root = self.vms[vm].store.data().root_id;
             match self.call(vm, Callback::Done(root)) {
                 Some(0) => {
-                    if let Some(s) = self.shutdowns[vm].as_mut() {
+                    if let Some(s) = self.vms.shutdowns[vm].as_mut() {
                         s.not_done = true;
                     }
                     self.vms[vm].store.data_mut().draining = true;
@@ -435,7 +533,7 @@ impl Sim {
     /// `proxy_on_delete` on the root; its ticks, queue deliveries and callout responses
     /// stop (HTTP contexts of streams already in the filter live on).
     pub(super) fn delete_root(&mut self, vm: usize) {
-        let Some(s) = self.shutdowns[vm].as_mut() else {
+        let Some(s) = self.vms.shutdowns[vm].as_mut() else {
             return;
         };
         if s.deleted_at.is_some() {
@@ -443,13 +541,15 @@ impl Sim {
         }
         s.deleted_at = Some(self.now);
         self.vms[vm].store.data_mut().draining = false;
-        self.tick_state[vm].1 += 1;
+        self.vms.ticks[vm].gen += 1;
         let root = self.vms[vm].store.data().root_id;
         self.call(vm, Callback::Delete(root));
     }
 
+    /// Whether the VM's root was deleted after the plugin's removal.
     pub(super) fn root_deleted(&self, vm: usize) -> bool {
-        self.shutdowns
+        self.vms
+            .shutdowns
             .get(vm)
             .and_then(Option::as_ref)
             .is_some_and(|s| s.deleted_at.is_some())
@@ -458,12 +558,12 @@ impl Sim {
     /// VMs whose root answered `on_done` with false and has not called `proxy_done`
     /// (a crashed VM is not waited for).
     pub(super) fn draining_vms(&self) -> Vec<usize> {
-        (0..self.shutdowns.len())
+        (0..self.vms.shutdowns.len())
             .filter(|&v| {
-                self.shutdowns[v]
+                self.vms.shutdowns[v]
                     .as_ref()
                     .is_some_and(|s| s.not_done && s.deleted_at.is_none())
-                    && self.vms.0[v].as_ref().is_none_or(|x| x.failed.is_none())
+                    && self.vms.all[v].as_ref().is_none_or(|x| x.failed.is_none())
             })
             .collect()
     }

@@ -11,24 +11,19 @@ use std::collections::HashMap;
 /// Connection-to-worker assignment.
 #[derive(Debug, Default)]
 pub struct Connections {
+    /// The worker of each connection id seen so far.
     by_id: HashMap<u64, usize>,
-    /// Connections opened per worker.
-    pub per_worker: Vec<u64>,
 }
 
 impl Connections {
     /// The worker of connection `id` (`None` = a fresh connection), assigning one on first use.
     pub fn worker(&mut self, id: Option<u64>, workers: usize, rng: &mut Rng) -> usize {
-        if self.per_worker.len() < workers {
-            self.per_worker.resize(workers, 0);
-        }
         if let Some(id) = id {
             if let Some(&w) = self.by_id.get(&id) {
                 return w;
             }
         }
         let w = rng.below(workers as u64) as usize;
-        self.per_worker[w] += 1;
         if let Some(id) = id {
             self.by_id.insert(id, w);
         }

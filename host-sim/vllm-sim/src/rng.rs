@@ -1,5 +1,6 @@
 //! A small seeded random number generator (SplitMix64), so that the same seed
-//! always gives the same draws on every platform without extra dependencies.
+//! always gives the same draws on every platform without extra dependencies. The
+//! `tests` crate's load generator draws from it too.
 
 /// SplitMix64: fast, statistically decent, and fully deterministic.
 #[derive(Clone, Debug)]
@@ -8,10 +9,12 @@ pub struct Rng {
 }
 
 impl Rng {
+    /// A generator whose state starts at `seed`.
     pub fn new(seed: u64) -> Self {
         Rng { state: seed }
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.state;
@@ -31,6 +34,20 @@ impl Rng {
             return lo;
         }
         lo + self.next_u64() % (hi - lo + 1)
+    }
+
+    /// Uniform in 0..n (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+
+    /// Exponentially distributed with the given rate (mean 1/rate).
+    pub fn exp(&mut self, rate: f64) -> f64 {
+        -(1.0 - self.next_f64()).ln() / rate
     }
 
     /// Normal(mean, std) via Box-Muller.
@@ -60,5 +77,17 @@ mod tests {
             b.range(3, 9);
         }
         assert_ne!(Rng::new(1).next_u64(), Rng::new(2).next_u64());
+    }
+
+    #[test]
+    fn rng_helpers_stay_in_range() {
+        let mut r = Rng::new(0);
+        for _ in 0..1000 {
+            let x = r.next_f64();
+            assert!((0.0..1.0).contains(&x));
+            assert!(r.below(3) < 3);
+            assert!(r.exp(2.0) >= 0.0);
+        }
+        assert_eq!(r.below(0), 0);
     }
 }

@@ -11,42 +11,13 @@
 
 use serde_json::{json, Value};
 use std::time::Duration;
+use vllm_sim::rng::Rng;
 
-/// A small seeded PRNG (SplitMix64): deterministic across platforms and runs.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x5851_f42d_4c95_7f2d)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in 0..n (0 when n is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
-        }
-    }
-
-    /// Exponentially distributed with the given rate (mean 1/rate).
-    pub fn exp(&mut self, rate: f64) -> f64 {
-        -(1.0 - self.next_f64()).ln() / rate
-    }
+/// The load generator's seeded generator: `vllm-sim`'s SplitMix64, started from the
+/// seed XORed with a constant of the load generator's own (a seed gives the workload it
+/// always gave).
+fn seeded(seed: u64) -> Rng {
+    Rng::new(seed ^ 0x5851_f42d_4c95_7f2d)
 }
 
 /// Which OpenAI API the requests use.
@@ -145,7 +116,7 @@ fn text(rng: &mut Rng, tokens: u32) -> String {
 
 impl Workload {
     pub fn new(spec: Spec, seed: u64) -> Workload {
-        let mut rng = Rng::new(seed);
+        let mut rng = seeded(seed);
         let groups = spec.groups.max(1);
         let per = spec.prompts_per_group.max(1);
         let systems: Vec<String> = (0..groups)
@@ -246,7 +217,7 @@ pub struct Arrivals {
 impl Arrivals {
     pub fn new(qps: f64, seed: u64) -> Arrivals {
         Arrivals {
-            rng: Rng::new(seed.wrapping_add(0x0a11_ce5e_ed00_0001)),
+            rng: seeded(seed.wrapping_add(0x0a11_ce5e_ed00_0001)),
             qps,
             at: 0.0,
         }
@@ -379,17 +350,5 @@ mod tests {
         let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
         let cv = var.sqrt() / mean;
         assert!((cv - 1.0).abs() < 0.05, "cv {cv}");
-    }
-
-    #[test]
-    fn rng_helpers_stay_in_range() {
-        let mut r = Rng::new(0);
-        for _ in 0..1000 {
-            let x = r.next_f64();
-            assert!((0.0..1.0).contains(&x));
-            assert!(r.below(3) < 3);
-            assert!(r.exp(2.0) >= 0.0);
-        }
-        assert_eq!(r.below(0), 0);
     }
 }

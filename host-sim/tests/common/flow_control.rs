@@ -1,28 +1,31 @@
-//! What the flow-control scenarios share: the filter configuration with the
-//! `flowControl` gate and the concurrency detector, the global flow-control record
-//! decoded from shared data, the queue gauges, and an invariant that the pool never
-//! holds more than the detector's capacity.
-#![allow(dead_code)]
+//! What the flow-control tests share: the filter configuration with the `flowControl`
+//! gate and the concurrency detector, the seeds every test runs with, the queue gauges,
+//! and an invariant that the pool never holds more than the detector's capacity.
 
-use epp_filter::flow_control::state::{FlowState, STATE_KEY};
+use super::filter::flow_state;
+use super::{family_sum, sim_serving, MODEL};
 use host_sim::world::invariants::Invariant;
 use host_sim::{ms, Nanos, Outcome, RequestSpec, Sim, SimConfig, SimpleUpstream};
-use prost::Message;
 use serde_json::{json, Value};
 
-pub const MODEL: &str = "sim-model";
-pub const OBJECTIVE: &str = "x-gateway-inference-objective";
-pub const FAIRNESS: &str = "x-gateway-inference-fairness-id";
+pub use host_sim::world::workload::{FAIRNESS_HEADER as FAIRNESS, OBJECTIVE_HEADER as OBJECTIVE};
+
+/// The queue-size gauges (requests parked, per flow).
 pub const QUEUE_SIZE: &str = "inference_extension_flow_control_queue_size{";
+/// The queue-bytes gauges (bytes parked, per flow).
 pub const QUEUE_BYTES: &str = "inference_extension_flow_control_queue_bytes{";
 
-/// Seeds run without preemption and with `.preempt(0.3)`.
+/// Seeds run without preemption.
 pub const PLAIN_SEEDS: [u64; 3] = [1, 2, 3];
+/// Seeds run with workers preempted inside shared-data host calls (`.preempt(0.3)`).
 pub const PREEMPT_SEEDS: [u64; 3] = [11, 12, 13];
 
-/// `n` endpoint addresses.
-pub fn endpoints(n: usize) -> Vec<String> {
-    (1..=n).map(|i| format!("10.0.0.{i}:8000")).collect()
+/// Every (seed, preemption probability) a flow-control test runs with.
+pub fn all_seeds() -> impl Iterator<Item = (u64, f64)> {
+    PLAIN_SEEDS
+        .iter()
+        .map(|s| (*s, 0.0))
+        .chain(PREEMPT_SEEDS.iter().map(|s| (*s, 0.3)))
 }
 
 /// A flow-control configuration: `concurrency-detector` with `max_concurrency` per
@@ -70,19 +73,9 @@ pub fn fc_sim(
     capacity: u64,
     server: impl Fn(&str) -> SimpleUpstream,
 ) -> Sim {
-    let mut sim = Sim::new(cfg).expect("sim starts");
-    for e in eps {
-        sim.add_endpoint(e, Box::new(server(e)));
-    }
+    let mut sim = sim_serving(cfg, eps, server);
     sim.add_invariant(within_capacity(capacity));
     sim
-}
-
-/// The global flow-control record (empty if never written).
-pub fn flow_state(sim: &Sim) -> FlowState {
-    sim.shared_data(STATE_KEY)
-        .map(|b| FlowState::decode(b.as_slice()).expect("flow state decodes"))
-        .unwrap_or_default()
 }
 
 /// The model servers never hold more requests together than the concurrency detector's
@@ -108,11 +101,13 @@ pub fn within_capacity(capacity: u64) -> Invariant {
     )
 }
 
-/// Sum of a family's series in the Prometheus view (`prefix` ends with `{`).
-pub fn family_sum(sim: &Sim, prefix: &str) -> f64 {
+/// Requests that left the queues with `outcome` (`Dispatched`, `EvictedTTL`,
+/// `EvictedOther`, ...), from the queue-duration histogram's counts.
+pub fn queue_outcomes(sim: &Sim, outcome: &str) -> f64 {
     sim.prometheus()
         .lines()
-        .filter(|l| l.starts_with(prefix))
+        .filter(|l| l.starts_with("inference_extension_flow_control_request_queue_duration"))
+        .filter(|l| l.contains("_count{") && l.contains(&format!("outcome=\"{outcome}\"")))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }

@@ -2,28 +2,24 @@
 //! the prefix index is shared by all workers, so a request routed by one worker steers
 //! the next pick on any other worker a few milliseconds later; bursts still spread.
 
+mod common;
+
+use common::{endpoints, filter_config, per_endpoint, sim_serving, MODEL};
 use host_sim::{ms, RequestSpec, Sim, SimConfig, SimpleUpstream};
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-const MODEL: &str = "sim-model";
-
+/// Four workers, `eps` served by simple servers (TTFT 20 ms).
 fn sim(seed: u64, eps: &[String]) -> Sim {
-    let config = json!({"pool": {"endpoints": eps}}).to_string();
-    let mut sim = Sim::new(SimConfig::new(&config).workers(4).seed(seed)).expect("sim starts");
-    for e in eps {
-        sim.add_endpoint(e, Box::new(SimpleUpstream::new(e).ttft(ms(20))));
-    }
-    sim
-}
-
-fn eps(n: usize) -> Vec<String> {
-    (1..=n).map(|i| format!("10.0.0.{i}:8000")).collect()
+    let cfg = SimConfig::new(&filter_config(eps, json!({})))
+        .workers(4)
+        .seed(seed);
+    sim_serving(cfg, eps, |e| SimpleUpstream::new(e).ttft(ms(20)))
 }
 
 #[test]
 fn a_pick_on_one_worker_steers_the_next_pick_on_another_within_milliseconds() {
-    let eps = eps(3);
+    let eps = endpoints(3);
     let prompt = "You are a careful assistant. Answer in French. ".repeat(12);
     for seed in 1..=5 {
         let mut sim = sim(seed, &eps);
@@ -56,7 +52,7 @@ fn a_pick_on_one_worker_steers_the_next_pick_on_another_within_milliseconds() {
 
 #[test]
 fn a_burst_of_unrelated_requests_spreads_across_workers_and_endpoints() {
-    let eps = eps(3);
+    let eps = endpoints(3);
     let mut sim = sim(7, &eps);
     // 12 different short prompts at once: no prefix to follow, equal metrics; the
     // in-flight counts shared by all workers break the ties.
@@ -64,11 +60,10 @@ fn a_burst_of_unrelated_requests_spreads_across_workers_and_endpoints() {
         (0..12).map(|i| RequestSpec::completion(MODEL, &format!("q{i}"), 2, false).at(ms(100))),
     );
     sim.run().unwrap();
-    let mut per_ep: BTreeMap<String, usize> = BTreeMap::new();
     for o in sim.outcomes() {
         assert_eq!(o.status, Some(200), "{}", o.text());
-        *per_ep.entry(o.endpoint.clone().unwrap()).or_default() += 1;
     }
+    let per_ep = per_endpoint(sim.outcomes());
     assert_eq!(
         per_ep.values().copied().collect::<Vec<_>>(),
         vec![4, 4, 4],

@@ -1,4 +1,4 @@
-//! A pool of `vllm-sim` processes on ephemeral loopback ports.
+//! `vllm-sim` server processes on ephemeral loopback ports, for the end-to-end tests.
 
 use crate::paths;
 use std::io::{BufRead, BufReader};
@@ -7,20 +7,20 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// One running `vllm-sim`; killed when dropped.
-pub struct Sim {
+pub struct VllmSimServer {
     child: Child,
     /// `ip:port` it listens on (and names itself by, in `x-sim-server`).
     pub address: String,
 }
 
-impl Sim {
+impl VllmSimServer {
     /// Starts `vllm-sim --port 0 <args>` and waits for its "listening on" line.
-    pub fn start(args: &[&str]) -> Sim {
+    pub fn start(args: &[&str]) -> VllmSimServer {
         Self::start_on(0, args)
     }
 
     /// Starts `vllm-sim --port <port> <args>` (0: an ephemeral port).
-    pub fn start_on(port: u16, args: &[&str]) -> Sim {
+    pub fn start_on(port: u16, args: &[&str]) -> VllmSimServer {
         let mut child = Command::new(paths::vllm_sim())
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(args)
@@ -44,16 +44,21 @@ impl Sim {
                 panic!("vllm-sim did not print its address within 20 s");
             }
         };
-        Sim { child, address }
+        VllmSimServer { child, address }
+    }
+
+    /// The addresses of `servers`.
+    pub fn addresses(servers: &[VllmSimServer]) -> Vec<&str> {
+        servers.iter().map(|s| s.address.as_str()).collect()
     }
 
     /// Starts `n` servers with the same arguments.
-    pub fn pool(n: usize, args: &[&str]) -> Vec<Sim> {
-        (0..n).map(|_| Sim::start(args)).collect()
+    pub fn pool(n: usize, args: &[&str]) -> Vec<VllmSimServer> {
+        (0..n).map(|_| VllmSimServer::start(args)).collect()
     }
 }
 
-impl Drop for Sim {
+impl Drop for VllmSimServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -1,0 +1,74 @@
+//! What the whole simulated process holds for its VMs: the compiled filter, the linker
+//! with host-sim's imports, and the state every VM shares.
+
+use super::config::SimConfig;
+use crate::host::abi;
+use crate::host::faults::Faults;
+use crate::host::module::{self, Compiled};
+use crate::host::shared::Shared;
+use crate::host::vm::{Cluster, HostState, LogLine, Vm, VmInit};
+use anyhow::Result;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
+use wasmtime::Linker;
+
+/// The compiled filter and the process-wide state its VMs share.
+pub(super) struct Process {
+    /// The compiled module (cached per process and on disk).
+    compiled: Arc<Compiled>,
+    /// The module's imports bound to host-sim's.
+    linker: Linker<HostState>,
+    /// Shared data, shared queues and stats.
+    pub(super) shared: Arc<Mutex<Shared>>,
+    /// Injected host-call failures.
+    pub(super) faults: Arc<Mutex<Faults>>,
+    /// Every VM's log lines.
+    pub(super) log: Arc<Mutex<Vec<LogLine>>>,
+    /// The clusters callouts may go to.
+    pub(super) clusters: Arc<Vec<Cluster>>,
+    /// Callouts in flight process-wide (the circuit breaker counts them).
+    pub(super) callouts_in_flight: Arc<AtomicU32>,
+}
+
+impl Process {
+    /// Loads (or reuses) the compiled module of `cfg` and binds its imports.
+    pub(super) fn new(cfg: &SimConfig) -> Result<Process> {
+        let compiled = module::load(&cfg.wasm)?;
+        let linker = abi::linker(&compiled.engine, &compiled.module)?;
+        Ok(Process {
+            compiled,
+            linker,
+            shared: Arc::default(),
+            faults: Arc::default(),
+            log: Arc::default(),
+            clusters: Arc::new(cfg.clusters.clone()),
+            callouts_in_flight: Arc::default(),
+        })
+    }
+
+    /// A new VM on thread `slot` with the plugin of `cfg`, its randomness from `seed`
+    /// (instantiated; no context created yet).
+    pub(super) fn new_vm(&self, cfg: &SimConfig, slot: usize, seed: u64) -> Result<Vm> {
+        Vm::new(
+            &self.compiled.engine,
+            &self.linker,
+            &self.compiled.module,
+            VmInit {
+                slot,
+                vm_id: cfg.vm_id.clone(),
+                plugin_name: cfg.plugin_name.clone(),
+                root_id_name: cfg.root_id.clone(),
+                plugin_config: cfg.plugin_config.clone().into_bytes(),
+                vm_config: cfg.vm_config.clone().into_bytes(),
+                seed,
+                shared: self.shared.clone(),
+                faults: self.faults.clone(),
+                log: self.log.clone(),
+                clusters: self.clusters.clone(),
+                callouts_in_flight: self.callouts_in_flight.clone(),
+                callout_limit: cfg.callout_limit,
+                preempt_probability: cfg.preempt_probability,
+            },
+        )
+    }
+}
