@@ -223,10 +223,11 @@ impl FlowState {
         self.recent.push(now_ms);
     }
 
-    /// Requests dispatched after `since_ms` (within the kept window): load that metrics
-    /// scraped at `since_ms` do not show yet.
+    /// Requests dispatched at or after `since_ms` (within the kept window): load that
+    /// metrics scraped at `since_ms` may not show yet (a dispatch in the scrape's own
+    /// millisecond counts: the gate errs on the side of not flooding).
     pub fn dispatched_since(&self, since_ms: u64) -> u64 {
-        self.recent.iter().filter(|t| **t > since_ms).count() as u64
+        self.recent.iter().filter(|t| **t >= since_ms).count() as u64
     }
 
     /// Requests dispatched and not finished, pool-wide.
@@ -621,7 +622,7 @@ mod tests {
             assert_eq!(a, Admission::Dispatch);
         }
         assert_eq!(s.recent.len(), RECENT_DISPATCHES);
-        assert_eq!(s.dispatched_since(1_000 + 589), 10);
+        assert_eq!(s.dispatched_since(1_000 + 590), 10);
         // Old dispatches leave the window.
         s.admit(
             1,
