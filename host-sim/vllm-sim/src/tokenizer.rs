@@ -32,6 +32,31 @@ pub fn encode(text: &str) -> Vec<u32> {
     tokens
 }
 
+/// The text of each token of `text`: pieces of [`CHARS_PER_TOKEN`] characters (the
+/// last may be shorter). `encode(piece)` is that piece's one token.
+pub fn pieces(text: &str) -> Vec<&str> {
+    let mut out = Vec::with_capacity(text.len() / CHARS_PER_TOKEN + 1);
+    let mut start = 0;
+    for (chars, (i, _)) in text.char_indices().enumerate() {
+        if chars > 0 && chars % CHARS_PER_TOKEN == 0 {
+            out.push(&text[start..i]);
+            start = i;
+        }
+    }
+    if start < text.len() {
+        out.push(&text[start..]);
+    }
+    out
+}
+
+/// The output word of an id from [`output_token_id`], if it is one.
+pub fn output_word(id: u32) -> Option<&'static str> {
+    if id & 0x4000_0000 == 0 {
+        return None;
+    }
+    VOCABULARY.get((id & !0x4000_0000) as usize).copied()
+}
+
 /// Number of tokens of `text` without building them.
 pub fn count(text: &str) -> usize {
     text.chars().count().div_ceil(CHARS_PER_TOKEN)
@@ -136,6 +161,20 @@ mod tests {
         let prefix = encode(system);
         assert_eq!(&a[..prefix.len()], &prefix[..]);
         assert_eq!(&b[..prefix.len()], &prefix[..]);
+    }
+
+    #[test]
+    fn pieces_are_the_tokens_texts() {
+        let text = "Hello, wörld! A longer text";
+        let pieces = pieces(text);
+        assert_eq!(pieces.concat(), text);
+        assert_eq!(pieces.len(), encode(text).len());
+        for (piece, id) in pieces.iter().zip(encode(text)) {
+            assert_eq!(encode(piece), vec![id]);
+        }
+        assert!(super::pieces("").is_empty());
+        assert_eq!(output_word(output_token_id(3)), Some(VOCABULARY[3]));
+        assert_eq!(output_word(encode("abcd")[0] & !0x4000_0000), None);
     }
 
     #[test]

@@ -378,3 +378,49 @@ fn step_events_report_tokens_in_order_then_finish() {
     }
     assert!(matches!(kinds[3], EventKind::Finished(f) if f.reason == FinishReason::Length));
 }
+
+#[test]
+fn pooling_requests_finish_with_their_prefill_without_a_token() {
+    let mut engine = Engine::new(h100_config());
+    let prompt = tokenizer::encode(&text("Embed this passage. ", 4000)); // 1000 tokens
+    let mut run_one = |at: Duration| {
+        let id = engine.submit_pooling(prompt.clone(), None, at).unwrap();
+        loop {
+            let t = engine.next_step_at().expect("work to do");
+            let step = engine.step(t).expect("a step");
+            // The only request's only event (none while its prefill goes on).
+            if let Some(event) = step.events.into_iter().next() {
+                let EventKind::Finished(f) = event.kind else {
+                    panic!("a pooling request generated a token");
+                };
+                assert_eq!(event.request, id);
+                return (event.at - at, f);
+            }
+        }
+    };
+    let (latency, first) = run_one(Duration::ZERO);
+    assert_eq!(first.reason, FinishReason::Stop);
+    assert_eq!(first.usage.prompt_tokens, 1000);
+    assert_eq!(first.usage.completion_tokens, 0);
+    assert_eq!(latency, Duration::from_micros(30_000 + 1000 * 250));
+    // The same prompt again: its full blocks are cached, only the rest is prefilled.
+    let (latency, second) = run_one(Duration::from_secs(10));
+    assert_eq!(second.usage.cached_tokens, 992);
+    assert_eq!(latency, Duration::from_micros(30_000 + 8 * 250));
+
+    let m = engine.metrics();
+    assert_eq!(m.request_success.get("stop"), Some(&2));
+    assert_eq!(m.generation_tokens, 0);
+    assert_eq!(m.prompt_tokens, 2000);
+    assert_eq!(m.ttft.count(), 2);
+
+    // A pooling prompt may fill the context window; a generation needs one more token.
+    let window = vec![7u32; 8192];
+    let now = Duration::from_secs(20);
+    assert!(engine.submit_pooling(window.clone(), None, now).is_ok());
+    assert!(matches!(
+        engine.submit(EngineRequest::fixed(window.clone(), 1), now),
+        Err(SubmitError::ContextTooLong { .. })
+    ));
+    assert!(engine.submit_pooling(vec![7; 8193], None, now).is_err());
+}

@@ -1,5 +1,18 @@
-//! The OpenAI-compatible API: request parsing, response bodies, SSE, errors.
+//! The APIs vLLM serves, without I/O: request parsing, response bodies, SSE, errors.
+//!
+//! * [`openai`]: `/v1/completions` and `/v1/chat/completions`, and [`sse`] their streams;
+//! * [`responses`]: `/v1/responses` (the OpenAI Responses API);
+//! * [`pooling`]: `/v1/embeddings`, `/pooling`, `/classify`, `/score`, `/rerank`;
+//! * [`tokenize`]: `/tokenize` and `/detokenize`;
+//! * [`conversations`]: `/v1/conversations` and their items;
+//! * [`audio`]: `/v1/audio/transcriptions` and `/v1/audio/translations` (multipart);
+//! * [`errors`]: the OpenAI-style error bodies.
 
+pub mod audio;
+pub mod conversations;
 pub mod errors;
 pub mod openai;
+pub mod pooling;
+pub mod responses;
 pub mod sse;
+pub mod tokenize;

@@ -137,15 +137,24 @@ pub fn parse(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError> {
     })
 }
 
-fn json_error(e: serde_json::Error) -> ApiError {
+/// The 400 of a body that is not the JSON expected.
+pub fn json_error(e: serde_json::Error) -> ApiError {
     ApiError::bad_request(format!("JSON decode error: {e}"))
 }
 
 /// `prompt` may be a string, a list of strings, a list of token ids or a list of those.
 fn completion_prompts(prompt: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
+    token_prompts(prompt, "prompt")
+}
+
+/// The prompts of a field that may be a string, a list of strings, a list of token
+/// ids or a list of those (`prompt` of completions, `input` of the pooling APIs).
+pub fn token_prompts(value: &Value, param: &str) -> Result<Vec<Vec<u32>>, ApiError> {
     let invalid = || {
-        ApiError::bad_request("prompt must be a string, an array of strings, or token ids")
-            .with_param("prompt")
+        ApiError::bad_request(format!(
+            "{param} must be a string, an array of strings, or token ids"
+        ))
+        .with_param(param)
     };
     let token_ids = |items: &Vec<Value>| -> Option<Vec<u32>> {
         items
@@ -153,7 +162,7 @@ fn completion_prompts(prompt: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
             .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
             .collect()
     };
-    match prompt {
+    match value {
         Value::String(s) => Ok(vec![tokenizer::encode(s)]),
         Value::Array(items) if items.is_empty() => Err(invalid()),
         Value::Array(items) if items[0].is_number() => {
@@ -171,6 +180,25 @@ fn completion_prompts(prompt: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
     }
 }
 
+/// The prompt text of a `messages` field (chat messages with string or text-part
+/// content), rendered by [`chat_template`]; without `add_generation_prompt` the
+/// assistant's turn is left out (the pooling APIs' default).
+pub fn messages_text(messages: &Value, add_generation_prompt: bool) -> Result<String, ApiError> {
+    let messages: Vec<ChatMessage> = serde_json::from_value(messages.clone())
+        .map_err(|e| ApiError::bad_request(format!("messages: {e}")).with_param("messages"))?;
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty").with_param("messages"));
+    }
+    let mut text = chat_template(&messages);
+    if !add_generation_prompt {
+        text.truncate(text.len() - GENERATION_PROMPT.len());
+    }
+    Ok(text)
+}
+
+/// What [`chat_template`] ends with: the assistant's turn.
+const GENERATION_PROMPT: &str = "<|assistant|>\n";
+
 /// The prompt text of a conversation: one `<|role|>` section per message,
 /// then the assistant's turn. A shared conversation start is a shared prefix.
 pub fn chat_template(messages: &[impl ChatText]) -> String {
@@ -178,7 +206,7 @@ pub fn chat_template(messages: &[impl ChatText]) -> String {
     for m in messages {
         let _ = write!(out, "<|{}|>\n{}\n", m.role(), m.text());
     }
-    out.push_str("<|assistant|>\n");
+    out.push_str(GENERATION_PROMPT);
     out
 }
 

@@ -54,7 +54,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Full(bytes) => bytes.is_none(),
-            ResponseBody::Sse(stream) => stream.encoder.done,
+            ResponseBody::Sse(stream) => stream.encoder.is_done(),
         }
     }
 
@@ -67,14 +67,33 @@ impl Body for ResponseBody {
     }
 }
 
-/// The SSE stream of one streaming request (one or more choices): the frames of an
-/// [`SseEncoder`], written as soon as the engine's events arrive.
+/// Turns a streaming request's engine events into SSE frames, without I/O: the
+/// completions/chat chunks ([`SseEncoder`]) or the Responses API's events
+/// ([`super::responses::ResponsesEncoder`]).
+pub trait StreamEncoder: Send {
+    /// Frames written before any engine event (none by default).
+    fn start(&mut self, _out: &mut String) {}
+
+    /// Appends the frames of one engine event (and the closing frames after the last).
+    fn event(&mut self, out: &mut String, routed: Routed);
+
+    /// Appends the frames that end a stream whose request the engine dropped.
+    fn aborted(&mut self, out: &mut String);
+
+    /// Whether the stream is over.
+    fn is_done(&self) -> bool;
+}
+
+/// The SSE stream of one streaming request (one or more choices): the frames of a
+/// [`StreamEncoder`], written as soon as the engine's events arrive.
 pub struct SseStream {
     rx: UnboundedReceiver<Routed>,
-    encoder: SseEncoder,
+    encoder: Box<dyn StreamEncoder>,
+    started: bool,
 }
 
 impl SseStream {
+    /// The stream of a completions or chat request.
     pub fn new(
         rx: UnboundedReceiver<Routed>,
         writer: ChunkWriter,
@@ -83,22 +102,41 @@ impl SseStream {
         continuous_usage: bool,
         prompt_tokens: &[usize],
     ) -> Self {
+        Self::with_encoder(
+            rx,
+            Box::new(SseEncoder::new(
+                writer,
+                chat,
+                include_usage,
+                continuous_usage,
+                prompt_tokens,
+            )),
+        )
+    }
+
+    /// The stream of any encoder.
+    pub fn with_encoder(rx: UnboundedReceiver<Routed>, encoder: Box<dyn StreamEncoder>) -> Self {
         SseStream {
             rx,
-            encoder: SseEncoder::new(writer, chat, include_usage, continuous_usage, prompt_tokens),
+            encoder,
+            started: false,
         }
     }
 
     fn poll_chunks(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        if self.encoder.done {
+        if self.encoder.is_done() {
             return Poll::Ready(None);
         }
         let mut out = String::new();
+        if !self.started {
+            self.started = true;
+            self.encoder.start(&mut out);
+        }
         while out.len() < 64 * 1024 {
             match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(routed)) => {
                     self.encoder.event(&mut out, routed);
-                    if self.encoder.done {
+                    if self.encoder.is_done() {
                         break;
                     }
                 }
@@ -229,5 +267,19 @@ impl SseEncoder {
                 self.writer.finish(out, index, f.reason, usage);
             }
         }
+    }
+}
+
+impl StreamEncoder for SseEncoder {
+    fn event(&mut self, out: &mut String, routed: Routed) {
+        SseEncoder::event(self, out, routed);
+    }
+
+    fn aborted(&mut self, out: &mut String) {
+        SseEncoder::aborted(self, out);
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
     }
 }

@@ -68,6 +68,8 @@ pub(crate) struct Seq {
     last_token: Option<Duration>,
     pub(crate) max_tokens_param: Option<u32>,
     text_rng: Rng,
+    /// A pooling request: it finishes when its prefill does, without a token.
+    pub(crate) pooling: bool,
 }
 
 impl Seq {
@@ -107,6 +109,7 @@ impl Seq {
             last_token: None,
             max_tokens_param: request.max_tokens,
             text_rng: Rng::new(text_seed),
+            pooling: false,
         }
     }
 
@@ -253,6 +256,16 @@ impl Engine {
             if seq.computed < seq.tokens.len() {
                 continue; // a prefill chunk that did not reach the end
             }
+            if seq.pooling {
+                // The pooled output exists at the end of the prefill: the request's
+                // first (and only) output, timed like a first token, then it finishes.
+                seq.first_token = Some(ends_at);
+                self.metrics
+                    .ttft
+                    .observe(ends_at.saturating_sub(seq.arrival).as_secs_f64());
+                finished.push(i);
+                continue;
+            }
             let word = seq.text_rng.range(0, VOCABULARY.len() as u64 - 1) as usize;
             seq.tokens.push(output_token_id(word));
             let index = seq.generated;
@@ -390,7 +403,9 @@ impl Engine {
     fn finish(&mut self, mut seq: Seq, at: Duration) -> Event {
         seq.release_blocks(&mut self.kv);
         self.dirty = true;
-        let reason = if seq.kv_transfer == KvTransfer::RemoteDecode {
+        let reason = if seq.pooling {
+            FinishReason::Stop
+        } else if seq.kv_transfer == KvTransfer::RemoteDecode {
             FinishReason::RemoteDecode
         } else if seq.generated >= seq.max_len {
             FinishReason::Length

@@ -142,6 +142,34 @@ impl Engine {
         request: EngineRequest,
         now: Duration,
     ) -> Result<RequestId, SubmitError> {
+        self.enqueue(request, false, now)
+    }
+
+    /// Queues a pooling request (embeddings, scores, classification, ...) that arrived
+    /// at `now`. Its prompt is prefilled like any other (batched, chunked, prefix-cached)
+    /// and it finishes at the end of its prefill without an output token, with finish
+    /// reason `stop` and 0 completion tokens, as vLLM's pooling requests do. The prompt
+    /// may fill the whole context window.
+    pub fn submit_pooling(
+        &mut self,
+        prompt: Vec<u32>,
+        lora: Option<String>,
+        now: Duration,
+    ) -> Result<RequestId, SubmitError> {
+        let request = EngineRequest {
+            prompt,
+            lora,
+            ..EngineRequest::default()
+        };
+        self.enqueue(request, true, now)
+    }
+
+    fn enqueue(
+        &mut self,
+        request: EngineRequest,
+        pooling: bool,
+        now: Duration,
+    ) -> Result<RequestId, SubmitError> {
         self.latest = self.latest.max(now);
         let now = self.latest;
         let prompt_len = request.prompt.len();
@@ -155,6 +183,7 @@ impl Engine {
         }
         let max_model_len = self.config.max_model_len;
         let too_long = match request.max_tokens {
+            _ if pooling => prompt_len > max_model_len,
             Some(0) => return Err(SubmitError::InvalidMaxTokens(0)),
             Some(m) => prompt_len + m as usize > max_model_len,
             None => prompt_len >= max_model_len,
@@ -171,6 +200,7 @@ impl Engine {
         }
         let limit = max_model_len - prompt_len;
         let target = match request.kv_transfer {
+            _ if pooling => 0,
             KvTransfer::RemoteDecode => 1,
             _ => output::sample_output_len(
                 &mut self.rng,
@@ -189,9 +219,10 @@ impl Engine {
         self.next_id += 1;
         let text_seed = self.rng.next_u64();
         let hash_seed = kv_cache::name_seed(request.lora.as_deref().unwrap_or(&self.config.model));
-        let seq = Seq::new(
+        let mut seq = Seq::new(
             id, request, target, max_len, hash_seed, text_seed, now, &self.kv,
         );
+        seq.pooling = pooling;
         if let Some(m) = seq.max_tokens_param {
             self.metrics.request_params_max_tokens.observe(m as f64);
         }

@@ -1,10 +1,16 @@
 //! The HTTP server: one listener and one engine per data-parallel rank (on
 //! consecutive ports), an engine task that runs the engine in real time, and
 //! hyper connections with TCP_NODELAY so streamed chunks leave at once.
+//!
+//! `routes` dispatches every path and serves completions, chat, models, health,
+//! metrics, LoRA and admin; `apis` serves the other APIs of [`crate::api`].
 
+mod apis;
 mod routes;
 
+use crate::api::conversations::Conversations;
 use crate::api::sse::Routed;
+use crate::api::tokenize::Vocabulary;
 use crate::engine::{Engine, EngineConfig, EventKind, RequestId};
 use crate::failures::FailureConfig;
 use crate::metrics::MetricsOptions;
@@ -167,6 +173,10 @@ pub(crate) struct Rank {
     max_body: usize,
     created: u64,
     next_request: AtomicU64,
+    /// `/v1/conversations` of this rank.
+    conversations: Mutex<Conversations>,
+    /// Pieces seen by `/tokenize`, for `/detokenize`.
+    vocabulary: Mutex<Vocabulary>,
 }
 
 impl Rank {
@@ -217,12 +227,27 @@ impl Rank {
             max_body: config.max_request_body_bytes,
             created: unix_time().as_secs(),
             next_request: AtomicU64::new(1),
+            conversations: Mutex::new(Conversations::new(
+                conversation_salt(&name, unix_time()),
+                CONVERSATIONS_KEPT,
+            )),
+            vocabulary: Mutex::new(Vocabulary::default()),
         })
     }
 
     fn is_ready(&self) -> bool {
         Instant::now() >= self.ready_at
     }
+}
+
+/// Conversations a rank keeps (the oldest are forgotten beyond).
+const CONVERSATIONS_KEPT: usize = 100_000;
+
+/// What makes a rank's conversation ids its own: its name and start time.
+fn conversation_salt(name: &str, started: Duration) -> u64 {
+    name.bytes().fold(started.as_nanos() as u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Locks a mutex, ignoring poisoning (a panicked holder left consistent data

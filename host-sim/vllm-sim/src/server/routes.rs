@@ -1,9 +1,14 @@
-//! HTTP routes: OpenAI inference endpoints, models, health, metrics, LoRA and
-//! the admin endpoint.
+//! HTTP routes: the dispatch of every path, the completions and chat endpoints, models,
+//! health, metrics, LoRA and the admin endpoint, and what the other APIs' handlers
+//! ([`super::apis`]) share with them: the checks before an engine request, submitting
+//! prompts, collecting their outputs, bodies.
 
+use super::apis;
 use super::{lock, unix_time, Rank, Sink};
+use crate::api::audio::AudioApi;
 use crate::api::errors::ApiError;
-use crate::api::openai::{self, Api, Choice, ChunkWriter, InferenceRequest};
+use crate::api::openai::{self, Api, Choice, ChunkWriter};
+use crate::api::pooling::PoolingApi;
 use crate::api::sse::{ResponseBody, Routed, SseStream};
 use crate::engine::{EngineRequest, EventKind, KvTransfer, RequestId, Usage};
 use crate::failures;
@@ -18,9 +23,9 @@ use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::sync::mpsc::unbounded_channel;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-type Resp = Response<ResponseBody>;
+pub(super) type Resp = Response<ResponseBody>;
 
 pub(crate) async fn handle(rank: Arc<Rank>, req: Request<Incoming>) -> Result<Resp, Infallible> {
     let mut resp = route(&rank, req)
@@ -34,9 +39,31 @@ pub(crate) async fn handle(rank: Arc<Rank>, req: Request<Incoming>) -> Result<Re
 
 async fn route(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, ApiError> {
     let path = req.uri().path();
+    if let Some(rest) = path.strip_prefix("/v1/conversations") {
+        let rest = rest.to_string();
+        return apis::conversations(rank, req, &rest).await;
+    }
     match (req.method(), path) {
         (&Method::POST, "/v1/completions") => inference(rank, Api::Completions, req).await,
         (&Method::POST, "/v1/chat/completions") => inference(rank, Api::Chat, req).await,
+        (&Method::POST, "/v1/responses") => apis::responses(rank, req).await,
+        (&Method::POST, "/v1/embeddings") => apis::pooling(rank, PoolingApi::Embeddings, req).await,
+        (&Method::POST, "/pooling") => apis::pooling(rank, PoolingApi::Pooling, req).await,
+        (&Method::POST, "/classify") => apis::pooling(rank, PoolingApi::Classify, req).await,
+        (&Method::POST, "/score" | "/v1/score") => {
+            apis::pooling(rank, PoolingApi::Score, req).await
+        }
+        (&Method::POST, "/rerank" | "/v1/rerank" | "/v2/rerank") => {
+            apis::pooling(rank, PoolingApi::Rerank, req).await
+        }
+        (&Method::POST, "/tokenize") => apis::tokenize(rank, req).await,
+        (&Method::POST, "/detokenize") => apis::detokenize(rank, req).await,
+        (&Method::POST, "/v1/audio/transcriptions") => {
+            apis::audio(rank, AudioApi::Transcription, req).await
+        }
+        (&Method::POST, "/v1/audio/translations") => {
+            apis::audio(rank, AudioApi::Translation, req).await
+        }
         (&Method::GET, "/v1/models") => Ok(json_response(200, models(rank).to_string())),
         (&Method::GET, "/health") => Ok(plain(200, "")),
         (&Method::GET, "/health/ready") if rank.is_ready() => Ok(plain(200, "")),
@@ -50,6 +77,19 @@ async fn route(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, ApiErro
             _,
             "/v1/completions"
             | "/v1/chat/completions"
+            | "/v1/responses"
+            | "/v1/embeddings"
+            | "/pooling"
+            | "/classify"
+            | "/score"
+            | "/v1/score"
+            | "/rerank"
+            | "/v1/rerank"
+            | "/v2/rerank"
+            | "/tokenize"
+            | "/detokenize"
+            | "/v1/audio/transcriptions"
+            | "/v1/audio/translations"
             | "/v1/models"
             | "/health"
             | "/health/ready"
@@ -57,15 +97,22 @@ async fn route(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, ApiErro
             | "/v1/load_lora_adapter"
             | "/v1/unload_lora_adapter"
             | "/admin/config",
-        ) => Ok(json_response(
-            405,
-            r#"{"detail":"Method Not Allowed"}"#.into(),
-        )),
-        _ => Ok(json_response(404, r#"{"detail":"Not Found"}"#.into())),
+        ) => Ok(method_not_allowed()),
+        _ => Ok(not_found()),
     }
 }
 
-async fn inference(rank: &Arc<Rank>, api: Api, req: Request<Incoming>) -> Result<Resp, ApiError> {
+pub(super) fn method_not_allowed() -> Resp {
+    json_response(405, r#"{"detail":"Method Not Allowed"}"#.into())
+}
+
+pub(super) fn not_found() -> Resp {
+    json_response(404, r#"{"detail":"Not Found"}"#.into())
+}
+
+/// What an engine-backed request goes through before its body is read: the
+/// `X-Return-Error` header, injected failures, readiness.
+pub(super) fn preflight(rank: &Rank, req: &Request<Incoming>) -> Result<(), ApiError> {
     if let Some(value) = req.headers().get("x-return-error") {
         return Err(failures::error_for_header(
             value.to_str().unwrap_or(""),
@@ -83,24 +130,44 @@ async fn inference(rank: &Arc<Rank>, api: Api, req: Request<Incoming>) -> Result
     if !rank.is_ready() {
         return Err(ApiError::not_ready());
     }
+    Ok(())
+}
+
+/// The LoRA adapter a request's `model` names (`None` for the base model), or 404.
+pub(super) fn resolve_lora(rank: &Rank, model: Option<&str>) -> Result<Option<String>, ApiError> {
+    match model {
+        None => Ok(None),
+        Some(m) if rank.aliases.iter().any(|a| a == m) => Ok(None),
+        Some(m) if lock(&rank.core).engine.has_lora(m) => Ok(Some(m.to_string())),
+        Some(m) => Err(ApiError::model_not_found(m)),
+    }
+}
+
+/// A new response id: `<prefix>-<server start><request number>` (`prefix_…` with `sep` `_`).
+pub(super) fn new_id(rank: &Rank, prefix: &str, sep: char) -> String {
+    let n = rank.next_request.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{sep}{:016x}{n:016x}", rank.created)
+}
+
+async fn inference(rank: &Arc<Rank>, api: Api, req: Request<Incoming>) -> Result<Resp, ApiError> {
+    preflight(rank, &req)?;
     let body = read_body(rank, req).await?;
     let request = openai::parse(api, &body)?;
-    let lora = match request.model.as_deref() {
-        None => None,
-        Some(m) if rank.aliases.iter().any(|a| a == m) => None,
-        Some(m) if lock(&rank.core).engine.has_lora(m) => Some(m.to_string()),
-        Some(m) => return Err(ApiError::model_not_found(m)),
-    };
+    let lora = resolve_lora(rank, request.model.as_deref())?;
     let display_model = request.model.clone().unwrap_or_else(|| rank.model.clone());
 
     let (tx, rx) = unbounded_channel();
-    let ids = submit(rank, &request, lora, tx)?;
+    let submission = Submission::Generate {
+        max_tokens: request.max_tokens,
+        ignore_eos: request.ignore_eos,
+        kv_transfer: request.kv_transfer,
+    };
+    let ids = submit(rank, &request.prompts, &submission, lora, tx)?;
     rank.wake.notify_one();
 
-    let n = rank.next_request.fetch_add(1, Ordering::Relaxed);
     let id = match api {
-        Api::Completions => format!("cmpl-{:016x}{n:016x}", rank.created),
-        Api::Chat => format!("chatcmpl-{:016x}{n:016x}", rank.created),
+        Api::Completions => new_id(rank, "cmpl", '-'),
+        Api::Chat => new_id(rank, "chatcmpl", '-'),
     };
     let created = unix_time().as_secs();
     let prompt_tokens: Vec<usize> = request.prompts.iter().map(Vec::len).collect();
@@ -114,19 +181,30 @@ async fn inference(rank: &Arc<Rank>, api: Api, req: Request<Incoming>) -> Result
             request.continuous_usage,
             &prompt_tokens,
         );
-        let mut resp = Response::new(ResponseBody::Sse(Box::new(stream)));
-        let headers = resp.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream; charset=utf-8"),
-        );
-        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        return Ok(resp);
+        return Ok(sse_response(stream));
     }
-    let mut rx = rx;
-    let mut choices = vec![Choice::default(); ids.len()];
+    let (choices, usage) = collect(rx, ids.len()).await?;
+    let body = openai::response_json(
+        api,
+        &id,
+        created,
+        &display_model,
+        &choices,
+        &usage,
+        request.kv_transfer == KvTransfer::RemoteDecode,
+    );
+    Ok(json_response(200, body))
+}
+
+/// Waits until the `n` engine requests of a response finished: each one's text and
+/// finish reason, and their usage summed.
+pub(super) async fn collect(
+    mut rx: UnboundedReceiver<Routed>,
+    n: usize,
+) -> Result<(Vec<Choice>, Usage), ApiError> {
+    let mut choices = vec![Choice::default(); n];
     let mut usage = Usage::default();
-    let mut unfinished = ids.len();
+    let mut unfinished = n;
     while unfinished > 0 {
         let Some(Routed { choice, kind }) = rx.recv().await else {
             return Err(ApiError::new(500, "request aborted"));
@@ -145,39 +223,53 @@ async fn inference(rank: &Arc<Rank>, api: Api, req: Request<Incoming>) -> Result
             }
         }
     }
-    let body = openai::response_json(
-        api,
-        &id,
-        created,
-        &display_model,
-        &choices,
-        &usage,
-        request.kv_transfer == KvTransfer::RemoteDecode,
-    );
-    Ok(json_response(200, body))
+    Ok((choices, usage))
 }
 
-/// Submits one engine request per prompt; all or none.
-fn submit(
+/// What the engine does with the prompts of a response.
+pub(super) enum Submission {
+    /// Generates tokens (completions, chat, responses, audio).
+    Generate {
+        max_tokens: Option<i64>,
+        ignore_eos: bool,
+        kv_transfer: KvTransfer,
+    },
+    /// Prefills only (the pooling APIs).
+    Pool,
+}
+
+/// Submits one engine request per prompt (choice `i` for prompt `i`); all or none.
+pub(super) fn submit(
     rank: &Rank,
-    request: &InferenceRequest,
+    prompts: &[Vec<u32>],
+    submission: &Submission,
     lora: Option<String>,
-    tx: tokio::sync::mpsc::UnboundedSender<Routed>,
+    tx: UnboundedSender<Routed>,
 ) -> Result<Vec<RequestId>, ApiError> {
     let now = rank.clock.now();
     let mut core = lock(&rank.core);
-    let mut ids = Vec::with_capacity(request.prompts.len());
-    for (choice, prompt) in request.prompts.iter().enumerate() {
-        let engine_request = EngineRequest {
-            prompt: prompt.clone(),
-            max_tokens: request
-                .max_tokens
-                .map(|m| m.clamp(0, u32::MAX as i64) as u32),
-            ignore_eos: request.ignore_eos,
-            lora: lora.clone(),
-            kv_transfer: request.kv_transfer,
+    let mut ids = Vec::with_capacity(prompts.len());
+    for (choice, prompt) in prompts.iter().enumerate() {
+        let submitted = match submission {
+            Submission::Generate {
+                max_tokens,
+                ignore_eos,
+                kv_transfer,
+            } => {
+                let engine_request = EngineRequest {
+                    prompt: prompt.clone(),
+                    max_tokens: max_tokens.map(|m| m.clamp(0, u32::MAX as i64) as u32),
+                    ignore_eos: *ignore_eos,
+                    lora: lora.clone(),
+                    kv_transfer: *kv_transfer,
+                };
+                core.engine.submit(engine_request, now)
+            }
+            Submission::Pool => core
+                .engine
+                .submit_pooling(prompt.clone(), lora.clone(), now),
         };
-        match core.engine.submit(engine_request, now) {
+        match submitted {
             Ok(id) => {
                 core.sinks.insert(
                     id,
@@ -200,7 +292,7 @@ fn submit(
     Ok(ids)
 }
 
-async fn read_body(rank: &Rank, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(rank: &Rank, req: Request<Incoming>) -> Result<Bytes, ApiError> {
     match Limited::new(req.into_body(), rank.max_body).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(_) => Err(ApiError::new(
@@ -299,7 +391,19 @@ async fn admin_update(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, 
     Ok(json_response(200, admin_config(rank).to_string()))
 }
 
-fn json_response(status: u16, body: String) -> Resp {
+/// A `text/event-stream` response.
+pub(super) fn sse_response(stream: SseStream) -> Resp {
+    let mut resp = Response::new(ResponseBody::Sse(Box::new(stream)));
+    let headers = resp.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+pub(super) fn json_response(status: u16, body: String) -> Resp {
     let mut resp = Response::new(ResponseBody::full(body));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut()
@@ -307,7 +411,7 @@ fn json_response(status: u16, body: String) -> Resp {
     resp
 }
 
-fn plain(status: u16, body: &str) -> Resp {
+pub(super) fn plain(status: u16, body: &str) -> Resp {
     let mut resp = if body.is_empty() {
         Response::new(ResponseBody::empty())
     } else {

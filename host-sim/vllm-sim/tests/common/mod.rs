@@ -49,8 +49,13 @@ impl Client {
         let mut req = Request::builder()
             .method(method)
             .uri(path)
-            .header("host", "localhost")
-            .header("content-type", "application/json");
+            .header("host", "localhost");
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            req = req.header("content-type", "application/json");
+        }
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
