@@ -144,6 +144,12 @@ fn a_full_queue_answers_429_and_says_which_limit() {
         assert_eq!(r.status, 429, "{}", r.text());
         let message = r.json()["error"]["message"].as_str().unwrap().to_string();
         assert!(message.contains("flowControl.maxRequests"), "{message}");
+        // Batch clients back off on these (the llm-d router's header and value).
+        assert_eq!(
+            r.header("x-llm-d-request-dropped-reason"),
+            Some("rejected-saturated")
+        );
+        assert_eq!(r.header("retry-after"), Some("1"));
     });
 }
 
@@ -166,6 +172,11 @@ fn a_request_waiting_past_its_ttl_gets_503() {
             .as_str()
             .unwrap()
             .contains("timed out in queue"));
+        assert_eq!(
+            r.header("x-llm-d-request-dropped-reason"),
+            Some("rejected-ttl-expired")
+        );
+        assert_eq!(r.header("retry-after"), Some("1"));
         assert!(
             waited >= Duration::from_millis(190),
             "answered after {waited:?}"
@@ -227,6 +238,10 @@ fn without_the_gate_sheddable_requests_get_429_while_the_pool_is_saturated() {
             .as_str()
             .unwrap()
             .contains("sheddable"));
+        assert_eq!(
+            r.header("x-llm-d-request-dropped-reason"),
+            Some("rejected-saturated")
+        );
         // Requests of priority >= 0 are never shed by legacy admission.
         assert_eq!(send(&envoy, "premium", "c").status, 200);
     });
