@@ -123,6 +123,54 @@ fn a_client_cannot_choose_the_destination_itself() {
     assert_eq!(r.header("x-sim-server"), Some(servers[0].address.as_str()));
 }
 
+/// The headers a client sets to steer the gateway (objective, fairness id, rewrite,
+/// subset, in both generations of names) and the ones only the gateway may set are not
+/// passed to the model server; the destination the server sees is the gateway's.
+#[test]
+fn the_gateways_headers_are_stripped_before_the_model_server() {
+    let servers = VllmSimServer::pool(2, &["--model", MODEL]);
+    let envoy = start(&servers[..1], 1);
+    let steering = [
+        ("x-gateway-inference-objective", "critical"),
+        ("x-llm-d-inference-objective", "critical"),
+        ("x-gateway-inference-fairness-id", "tenant-a"),
+        ("x-llm-d-inference-fairness-id", "tenant-a"),
+        ("x-gateway-model-name-rewrite", MODEL),
+        ("x-llm-d-model-name-rewrite", MODEL),
+        (
+            "x-gateway-destination-endpoint-subset",
+            servers[0].address.as_str(),
+        ),
+        ("x-gateway-destination-endpoint-served", "1.2.3.4:5"),
+        ("x-prefiller-host-port", "1.2.3.4:5"),
+        (
+            "x-gateway-destination-endpoint",
+            servers[1].address.as_str(),
+        ),
+        ("x-client-own", "kept"),
+    ];
+    let r = http::request(
+        &envoy.listen,
+        "POST",
+        "/v1/completions",
+        &steering,
+        completion("hi", 2, false).as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen: Vec<&str> = r
+        .header("x-sim-request-headers")
+        .unwrap_or_default()
+        .split(',')
+        .collect();
+    for (name, _) in &steering[..9] {
+        assert!(!seen.contains(name), "{name} reached the server: {seen:?}");
+    }
+    assert!(seen.contains(&"x-client-own"), "{seen:?}");
+    assert!(seen.contains(&"x-gateway-destination-endpoint"), "{seen:?}");
+    assert_eq!(r.header("x-sim-server"), Some(servers[0].address.as_str()));
+}
+
 #[test]
 fn a_streamed_completion_arrives_token_by_token() {
     let itl_ms = 40;

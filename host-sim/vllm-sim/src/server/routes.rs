@@ -28,13 +28,31 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 pub(super) type Resp = Response<ResponseBody>;
 
 pub(crate) async fn handle(rank: Arc<Rank>, req: Request<Incoming>) -> Result<Resp, Infallible> {
+    let received = received_headers(&req);
     let mut resp = route(&rank, req)
         .await
         .unwrap_or_else(|e| error_response(&e));
     let headers = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&received) {
+        headers.insert("x-sim-request-headers", v);
+    }
     headers.insert("x-sim-server", rank.name.clone());
     headers.insert("x-inference-port", rank.port.clone());
     Ok(resp)
+}
+
+/// The names of the request's `x-` headers, sorted and comma-separated: what a gateway in
+/// front passed on (answered in `x-sim-request-headers`, for tests).
+fn received_headers(req: &Request<Incoming>) -> String {
+    let mut names: Vec<&str> = req
+        .headers()
+        .keys()
+        .map(|k| k.as_str())
+        .filter(|k| k.starts_with("x-") && *k != "x-request-id")
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names.join(",")
 }
 
 async fn route(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, ApiError> {
