@@ -240,7 +240,7 @@ mod tests {
     }
 
     #[test]
-    fn every_type_builds_with_no_parameters_except_where_some_are_required() {
+    fn every_type_builds_with_its_default_parameters() {
         for t in TYPES {
             // Every plugin has defaults for all its parameters.
             assert!(

@@ -34,20 +34,12 @@ pub(super) async fn responses(rank: &Arc<Rank>, req: Request<Incoming>) -> Resul
         .saturating_sub(request.prompt.len())
         .max(1) as i64;
     let max_tokens = request.max_output_tokens.map(|m| m.min(limit));
-    let (tx, rx) = unbounded_channel();
-    let submission = Submission::Generate {
-        max_tokens,
-        ignore_eos: false,
-        kv_transfer: KvTransfer::None,
-    };
-    submit(
+    let rx = generate(
         rank,
         std::slice::from_ref(&request.prompt),
-        &submission,
+        max_tokens,
         lora,
-        tx,
     )?;
-    rank.wake.notify_one();
 
     let meta = ResponseMeta {
         id: new_id(rank, "resp", '_'),
@@ -72,6 +64,25 @@ pub(super) async fn responses(rank: &Arc<Rank>, req: Request<Incoming>) -> Resul
 }
 
 /// `/v1/embeddings`, `/pooling`, `/classify`, `/score`, `/rerank`: one prefill-only
+/// Submits the generation of `prompts` (one here) to the engine and wakes it; the
+/// receiver gets their tokens.
+fn generate(
+    rank: &Rank,
+    prompts: &[Vec<u32>],
+    max_tokens: Option<i64>,
+    lora: Option<String>,
+) -> Result<tokio::sync::mpsc::UnboundedReceiver<crate::server::Routed>, ApiError> {
+    let (tx, rx) = unbounded_channel();
+    let submission = Submission::Generate {
+        max_tokens,
+        ignore_eos: false,
+        kv_transfer: KvTransfer::None,
+    };
+    submit(rank, prompts, &submission, lora, tx)?;
+    rank.wake.notify_one();
+    Ok(rx)
+}
+
 /// engine request per output item.
 pub(super) async fn pooling(
     rank: &Arc<Rank>,
@@ -196,20 +207,7 @@ pub(super) async fn audio(
     let body = read_body(rank, req).await?;
     let request = audio::parse(api, content_type.as_deref(), &body)?;
     let lora = resolve_lora(rank, request.model.as_deref())?;
-    let (tx, rx) = unbounded_channel();
-    let submission = Submission::Generate {
-        max_tokens: None,
-        ignore_eos: false,
-        kv_transfer: KvTransfer::None,
-    };
-    submit(
-        rank,
-        std::slice::from_ref(&request.prompt),
-        &submission,
-        lora,
-        tx,
-    )?;
-    rank.wake.notify_one();
+    let rx = generate(rank, std::slice::from_ref(&request.prompt), None, lora)?;
     let (choices, _) = collect(rx, 1).await?;
     let text = choices[0].text.trim_start();
     if request.text_format {
