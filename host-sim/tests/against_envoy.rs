@@ -107,7 +107,12 @@ fn dead_address() -> String {
 /// real in Envoy, virtual in host-sim) and the gauges a timer publishes (pool averages,
 /// prefix index size), which appear only once that timer has run.
 fn filter_lines(prom: &str) -> Vec<String> {
-    let periodic = ["inference_pool_", "inference_extension_prefix_indexer_size"];
+    // Set on the scrape-lease holder's timer, whose phase differs between the two runs.
+    let periodic = [
+        "inference_pool_",
+        "inference_extension_prefix_indexer_size",
+        "inference_extension_flow_control_pool_saturation",
+    ];
     let mut v: Vec<String> = prom
         .lines()
         .filter(|l| l.starts_with("inference_") || l.starts_with("# TYPE inference_"))

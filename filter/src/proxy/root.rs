@@ -134,6 +134,9 @@ impl RootContext for Root {
         }
         if let Some(rt) = &self.runtime {
             scrape::tick(rt, id, now);
+            if rt.pool.metrics_endpoint.is_some() {
+                stats::publish(id, now, false);
+            }
         }
         flow::on_tick(self.id);
         // Finishing a shutdown that had more parked requests than one batch (a failed
