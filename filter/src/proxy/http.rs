@@ -16,8 +16,8 @@ use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
 use crate::headers::{
-    HeaderMap, FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, SERVED, SESSION_TOKEN,
-    SLO_TTFT, SUBSET,
+    HeaderMap, FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, REQUEST_ID, SERVED,
+    SESSION_TOKEN, SLO_TTFT, SUBSET,
 };
 use crate::metrics;
 use crate::model_rewrite;
@@ -211,6 +211,14 @@ impl HttpContext for Http {
         self.rewrite_header = headers.first(&MODEL_REWRITE).map(str::to_string);
         if self.rt.sessions {
             self.session = headers.first(&[SESSION_TOKEN]).map(str::to_string);
+        }
+        if !headers.is_empty() && headers.get(REQUEST_ID).is_none() {
+            // Envoy generates one for edge requests; behind another proxy it may not.
+            let id = Rng::new(u64::from(self.id) ^ vm::id().rotate_left(32) ^ self.received_us)
+                .uuid_v4();
+            if let Err(status) = host::set_header(Map::RequestHeaders, REQUEST_ID, &id) {
+                log::warn!("cannot set {REQUEST_ID}: status {status}");
+            }
         }
         let present: Vec<&str> = headers.gateway_owned().collect();
         let strip: &[&str] = if headers.is_empty() {

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 /// Shared-data key of the counter that hands out VM ids.
-const VM_SEQ_KEY: &str = "epp.v1.vm-seq";
+pub const VM_SEQ_KEY: &str = "epp.v1.vm-seq";
 
 /// A request parked by flow control, with what is needed to route it when released.
 #[derive(Debug, Clone)]
