@@ -1,8 +1,10 @@
-//! The autoscaling manifests (`envoy/autoscaling/`) against a real Prometheus 2.42 scraping
-//! the filter's metrics endpoint of a real Envoy 1.40 (2 workers) in front of `vllm-sim`:
-//! every query they hold names series that exist, the queue reads more than 0 while
-//! requests wait in the gateway and 0 once they are served, and the running requests are
-//! counted while they run. Prometheus comes from Debian (`scripts/setup --test-tools`).
+//! The autoscaling manifests (`envoy/autoscaling/`) and the dashboard
+//! (`envoy/dashboards/`) against a real Prometheus 2.42 scraping the filter's metrics
+//! endpoint of a real Envoy 1.40 (2 workers) in front of `vllm-sim`: every query they hold
+//! names series that exist, the queue reads more than 0 while requests wait in the gateway
+//! and 0 once they are served, the running requests are counted while they run, and each
+//! panel's unit fits what it plots. Prometheus comes from Debian (`scripts/setup
+//! --test-tools`).
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -18,6 +20,48 @@ const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
+}
+
+/// Every panel of the dashboard: (title, unit, expressions with `$pool` set to `POOL`).
+fn dashboard_panels() -> Vec<(String, String, Vec<String>)> {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../envoy/dashboards/inference-gateway.json");
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("dashboard"))
+        .expect("the dashboard is JSON");
+    d["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .map(|p| {
+            let exprs = p["targets"]
+                .as_array()
+                .expect("targets")
+                .iter()
+                .map(|t| t["expr"].as_str().expect("expr").replace("$pool", POOL))
+                .collect();
+            (
+                p["title"].as_str().unwrap_or_default().to_string(),
+                p["fieldConfig"]["defaults"]["unit"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                exprs,
+            )
+        })
+        .collect()
+}
+
+/// The unit a panel plotting `expr` must have.
+fn unit_for(expr: &str) -> &'static str {
+    if expr.contains("_seconds_bucket") {
+        "s"
+    } else if expr.contains("rate(") {
+        "reqps"
+    } else if expr.contains("utilization") || expr.contains("saturation") {
+        "percentunit"
+    } else {
+        "short"
+    }
 }
 
 fn manifests() -> PathBuf {
@@ -210,6 +254,27 @@ fn the_autoscaling_queries_read_the_gateways_queue_and_running_requests() {
     }
     for c in clients {
         assert_eq!(c.join().expect("client"), 200);
+    }
+    // One request the gateway refuses, for the error panel.
+    let bad = http::post_json(&listen, "/v1/completions", "{not json").expect("bad request");
+    assert_eq!(bad.status, 400);
+    // Every dashboard panel plots data, in a unit that fits it (a rate needs two scrapes
+    // of its counter: wait for the error's, then two more).
+    let errors = prometheus.until("count(inference_objective_request_error_total)", |v| {
+        v >= 1.0
+    });
+    assert_eq!(errors, Some(1.0));
+    std::thread::sleep(Duration::from_millis(2_500));
+    let panels = dashboard_panels();
+    assert!(panels.len() >= 10);
+    for (title, unit, exprs) in &panels {
+        for e in exprs {
+            assert_eq!(unit, unit_for(e), "panel `{title}`: unit for {e}");
+            assert!(
+                !prometheus.query(e).is_empty(),
+                "panel `{title}`: `{e}` returns no series"
+            );
+        }
     }
     let idle = prometheus.until(&queue, |v| v == 0.0);
     assert_eq!(
