@@ -1,7 +1,9 @@
 //! The `pool` section: what the reference keeps in Kubernetes objects (the
 //! `InferencePool`'s endpoints, `InferenceObjective`s, `InferenceModelRewrite`s) and the
-//! gateway-side choices (fail-open, body limit, discovery from Envoy's cluster membership).
+//! gateway-side choices (fail-open, body limit, discovery from Envoy's cluster membership,
+//! where a request's fairness id and objective may come from: [`super::classification`]).
 
+use super::classification::{parse_classification, Classification};
 use super::quantity::parse_duration_ms;
 use super::validate::{as_array, as_object, as_str, err, only_fields, ConfigError};
 use crate::endpoint::Endpoint;
@@ -75,6 +77,8 @@ pub struct Pool {
     pub discovery: Option<Discovery>,
     /// When no endpoint can be chosen, send the request to any healthy endpoint instead of 503.
     pub fail_open: bool,
+    /// Where a request's fairness id and objective come from (`classification`).
+    pub classification: Classification,
 }
 
 impl Default for Pool {
@@ -87,6 +91,7 @@ impl Default for Pool {
             model_rewrites: Vec::new(),
             discovery: None,
             fail_open: false,
+            classification: Classification::default(),
         }
     }
 }
@@ -99,6 +104,7 @@ const POOL_FIELDS: &[&str] = &[
     "modelRewrites",
     "discovery",
     "failOpen",
+    "classification",
 ];
 
 /// Parses and validates the `pool` section.
@@ -166,6 +172,9 @@ pub fn parse_pool(v: &Value) -> Result<Pool, ConfigError> {
             };
             pool.objectives.push(Objective { name, priority });
         }
+    }
+    if let Some(c) = obj.get("classification") {
+        pool.classification = parse_classification(c, &pool.objectives)?;
     }
     if let Some(list) = obj.get("modelRewrites") {
         for (i, item) in as_array(list, "pool.modelRewrites")?.iter().enumerate() {

@@ -12,12 +12,13 @@ use super::flow::{self, Admit, RequestMeta};
 use super::route::RouteInput;
 use super::vm::{self, Running};
 use super::{host, host::Map, route, stats};
+use crate::classify::classify;
+use crate::config::DEFAULT_FAIRNESS_ID;
 use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
 use crate::headers::{
-    HeaderMap, FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, SERVED, SESSION_TOKEN,
-    SLO_TTFT, SUBSET,
+    HeaderMap, GATEWAY_OWNED, MODEL_REWRITE, SERVED, SESSION_TOKEN, SLO_TTFT, SUBSET,
 };
 use crate::metrics;
 use crate::model_rewrite;
@@ -28,9 +29,6 @@ use crate::scheduler::scorers::session_affinity;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
-
-/// The flow of requests without a fairness id.
-pub const DEFAULT_FAIRNESS_ID: &str = "default-flow";
 
 /// A model rewrite to undo in the response: `"model":"<sent>"` becomes the client's name.
 struct Rewritten {
@@ -176,10 +174,20 @@ impl HttpContext for Http {
             }
         };
         self.path = headers.get(":path").unwrap_or_default().to_string();
-        if let Some(id) = headers.first(&FAIRNESS_ID) {
-            self.fairness_id = id.to_string();
+        // The flow, from the source `pool.classification` trusts (a host call only for
+        // a metadata / filter-state source).
+        let classified = classify(&self.rt.pool.classification, &headers, &mut |path| {
+            let path: Vec<&str> = path.iter().map(String::as_str).collect();
+            host::property(&path)
+                .ok()
+                .flatten()
+                .and_then(|b| String::from_utf8(b).ok())
+        });
+        if classified.refused_objective {
+            log::debug!("an objective outside pool.classification.objective.allowed was refused");
         }
-        self.objective = headers.first(&OBJECTIVE).map(str::to_string);
+        self.fairness_id = classified.fairness_id;
+        self.objective = classified.objective;
         self.slo_ttft_ms = slo_deadline::parse_header(headers.first(&SLO_TTFT));
         self.subset = headers.get(SUBSET).map(parse_subset);
         self.rewrite_header = headers.first(&MODEL_REWRITE).map(str::to_string);
