@@ -18,6 +18,7 @@ pub mod endpoint;
 pub mod errors;
 pub mod flow_control;
 pub mod headers;
+pub mod health;
 pub mod inflight;
 pub mod metrics;
 pub mod model_rewrite;

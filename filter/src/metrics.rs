@@ -224,6 +224,14 @@ pub const FLOW_POOL_SATURATION: Metric = Metric {
     labels: &["inference_pool"],
 };
 
+/// Endpoints ejected by passive health (`pool.passiveHealth`), per endpoint (labels as
+/// [`SCHEDULER_ATTEMPTS`]'s). Not a reference metric.
+pub const PASSIVE_HEALTH_EJECTIONS: Metric = Metric {
+    name: "inference_extension_passive_health_ejections_total",
+    kind: Kind::Counter,
+    labels: &["pod_name", "namespace", "port"],
+};
+
 /// Every metric the filter defines.
 pub const ALL: &[Metric] = &[
     SCHEDULER_ATTEMPTS,
@@ -247,6 +255,7 @@ pub const ALL: &[Metric] = &[
     FLOW_ENQUEUE_DURATION,
     FLOW_DISPATCH_CYCLE_DURATION,
     FLOW_POOL_SATURATION,
+    PASSIVE_HEALTH_EJECTIONS,
 ];
 
 impl Metric {

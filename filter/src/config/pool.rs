@@ -4,6 +4,7 @@
 //! where a request's fairness id and objective may come from: [`super::classification`]).
 
 use super::classification::{parse_classification, Classification};
+use super::health::{parse_passive_health, PassiveHealth};
 use super::quantity::parse_duration_ms;
 use super::validate::{as_array, as_object, as_str, err, only_fields, ConfigError};
 use crate::endpoint::Endpoint;
@@ -79,6 +80,8 @@ pub struct Pool {
     pub fail_open: bool,
     /// Where a request's fairness id and objective come from (`classification`).
     pub classification: Classification,
+    /// Outlier detection in the picker (`passiveHealth`).
+    pub passive_health: PassiveHealth,
 }
 
 impl Default for Pool {
@@ -92,6 +95,7 @@ impl Default for Pool {
             discovery: None,
             fail_open: false,
             classification: Classification::default(),
+            passive_health: PassiveHealth::default(),
         }
     }
 }
@@ -105,6 +109,7 @@ const POOL_FIELDS: &[&str] = &[
     "discovery",
     "failOpen",
     "classification",
+    "passiveHealth",
 ];
 
 /// Parses and validates the `pool` section.
@@ -175,6 +180,9 @@ pub fn parse_pool(v: &Value) -> Result<Pool, ConfigError> {
     }
     if let Some(c) = obj.get("classification") {
         pool.classification = parse_classification(c, &pool.objectives)?;
+    }
+    if let Some(h) = obj.get("passiveHealth") {
+        pool.passive_health = parse_passive_health(h)?;
     }
     if let Some(list) = obj.get("modelRewrites") {
         for (i, item) in as_array(list, "pool.modelRewrites")?.iter().enumerate() {

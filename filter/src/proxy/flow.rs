@@ -471,6 +471,7 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
                         model: w.model.clone(),
                         tokens: w.tokens,
                         flow_controlled: true,
+                        status: None,
                     },
                 )
             });

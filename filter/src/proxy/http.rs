@@ -20,6 +20,7 @@ use crate::flow_control::ordering::slo_deadline;
 use crate::headers::{
     HeaderMap, GATEWAY_OWNED, MODEL_REWRITE, SERVED, SESSION_TOKEN, SLO_TTFT, SUBSET,
 };
+use crate::health::Outcome;
 use crate::metrics;
 use crate::model_rewrite;
 use crate::openai::{parse_request, Api, InferenceRequest};
@@ -119,6 +120,7 @@ impl Http {
                             model: model.to_string(),
                             tokens,
                             flow_controlled,
+                            status: None,
                         },
                     )
                 });
@@ -132,6 +134,7 @@ impl Http {
                         model: model.to_string(),
                         tokens,
                         flow_controlled,
+                        status: None,
                     };
                     flow::finished(&held, self.id);
                 }
@@ -148,7 +151,14 @@ impl Http {
         let Some(Some(done)) = vm::with(|vm| vm.running.remove(&self.id)) else {
             return;
         };
-        route::release(vm::id(), &done.endpoint, done.tokens);
+        let health = &self.rt.pool.passive_health;
+        let outcome = Outcome::of_status(done.status).filter(|_| health.enabled());
+        route::release(
+            vm::id(),
+            &done.endpoint,
+            done.tokens,
+            outcome.map(|o| (o, health)),
+        );
         stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[&done.model], -1);
         flow::finished(&done, self.id);
     }
@@ -298,9 +308,23 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(Some(endpoint)) =
-            vm::with(|vm| vm.running.get(&self.id).map(|r| r.endpoint.clone()))
-        else {
+        // Passive health: the status (the server's, or Envoy's own reply for a refused
+        // or reset connection or a timeout), reported when the request is released. One
+        // host call, only when it is on.
+        let status = if self.rt.pool.passive_health.enabled() {
+            host::header(Map::ResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| s.parse::<u16>().ok())
+        } else {
+            None
+        };
+        let Some(Some(endpoint)) = vm::with(|vm| {
+            vm.running.get_mut(&self.id).map(|r| {
+                r.status = status;
+                r.endpoint.clone()
+            })
+        }) else {
             return Action::Continue;
         };
         // The address Envoy actually connected to (after any retry); our pick otherwise.

@@ -7,8 +7,10 @@
 //! the stream made current; its body is read and parsed again then).
 
 use super::{host, host::Map, stats, store::HostStore, vm};
+use crate::config::PassiveHealth;
 use crate::errors::ApiError;
 use crate::headers::{DESTINATION, DROPPED_REASON, PREFILLER, PRIMARY, RETRY_AFTER};
+use crate::health::Outcome;
 use crate::inflight;
 use crate::metrics;
 use crate::openai::{parse_request, Api, InferenceRequest};
@@ -142,7 +144,7 @@ pub fn route(
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &primary));
     if let Err(status) = routed {
         log::error!("cannot set {DESTINATION}: status {status}");
-        release(vm_id, &primary, tokens);
+        release(vm_id, &primary, tokens, None);
         return failed(model, "the gateway could not route the request");
     }
     if let Some(p) = prefill {
@@ -195,7 +197,7 @@ fn fail_open(
     let routed = host::set_header(Map::RequestHeaders, DESTINATION, &pick)
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &pick));
     if routed.is_err() {
-        release(vm_id, &pick, tokens);
+        release(vm_id, &pick, tokens, None);
         return None;
     }
     log::debug!("fail-open: no endpoint was chosen, sending to {pick}");
@@ -214,11 +216,22 @@ fn admitted(model: &str, endpoint: &str) {
     stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], 1);
 }
 
-/// Counts a request of `tokens` on `endpoint` as finished.
-pub fn release(vm: u64, endpoint: &str, tokens: u64) {
+/// Counts a request of `tokens` on `endpoint` as finished, with its outcome for passive
+/// health (`None`: not watched, or no response); counts an ejection it caused.
+pub fn release(vm: u64, endpoint: &str, tokens: u64, outcome: Option<(Outcome, &PassiveHealth)>) {
     let now = host::clock_ms();
-    if let Err(e) = inflight::release(&HostStore, vm, endpoint, tokens, now) {
-        log::warn!("in-flight release of {endpoint} failed: {e:?}");
+    match inflight::release(&HostStore, vm, endpoint, tokens, now, outcome) {
+        Ok(Some(ms)) => {
+            log::warn!("passive health: {endpoint} failed repeatedly; ejected for {ms} ms");
+            let (pod, namespace, port) = metrics::pod_labels(endpoint);
+            stats::add(
+                &metrics::PASSIVE_HEALTH_EJECTIONS,
+                &[pod, namespace, port],
+                1,
+            );
+        }
+        Ok(None) => {}
+        Err(e) => log::warn!("in-flight release of {endpoint} failed: {e:?}"),
     }
 }
 

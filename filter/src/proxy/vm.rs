@@ -48,6 +48,8 @@ pub struct Running {
     pub tokens: u64,
     /// Whether flow control counted it in flight (and must be told it finished).
     pub flow_controlled: bool,
+    /// The response status, when passive health watches responses.
+    pub status: Option<u16>,
 }
 
 /// The VM's state.
