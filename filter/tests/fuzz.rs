@@ -231,8 +231,16 @@ const TARGETS: &[Target] = &[
             "\u{e9}",
         ],
         run: |input| {
-            let _ = model_rewrite::restore(input, "sent-model", "client-model");
-            let _ = model_rewrite::restore(input, "", "client-model");
+            // A response body in chunks split where the input says (a model name may
+            // straddle two chunks).
+            for sent in ["sent-model", "s"] {
+                let mut restorer = model_rewrite::Restorer::new(sent, "client-model");
+                let step = 1 + usize::from(input.first().copied().unwrap_or(0) % 31);
+                let chunks: Vec<&[u8]> = input.chunks(step).collect();
+                for (i, chunk) in chunks.iter().enumerate() {
+                    let _ = restorer.chunk(chunk, i + 1 == chunks.len());
+                }
+            }
             let _ = model_rewrite::rewrite_body(input, "target-model");
         },
         json: false,
