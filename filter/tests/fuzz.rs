@@ -287,6 +287,7 @@ fn shared_records(input: &[u8]) {
                 vm: 1,
                 seed: 1,
                 started_ns: 0,
+                time_plugins: false,
             };
             let routed = routing::route(
                 &s,

@@ -90,6 +90,11 @@ pub fn route(
         vm: vm_id,
         seed: routing::seed(ctx, vm_id, now),
         started_ns,
+        time_plugins: vm::with(|vm| {
+            vm.decisions += 1;
+            routing::times_plugins(vm.decisions - 1)
+        })
+        .unwrap_or(false),
     };
     let clock: &dyn Fn() -> u64 = &host::clock_ns;
     let discovery = rt.pool.discovery.is_some();
@@ -155,7 +160,7 @@ pub fn route(
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &primary));
     if let Err(status) = routed {
         log::error!("cannot set {DESTINATION}: status {status}");
-        release(vm_id, &primary, tokens, None);
+        release(vm_id, &primary, tokens, host::clock_us(), None);
         return failed(&input.target, "the gateway could not route the request");
     }
     if let Some(p) = prefill {
@@ -208,7 +213,7 @@ fn fail_open(
     let routed = host::set_header(Map::RequestHeaders, DESTINATION, &pick)
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &pick));
     if routed.is_err() {
-        release(vm_id, &pick, tokens, None);
+        release(vm_id, &pick, tokens, host::clock_us(), None);
         return None;
     }
     log::debug!("fail-open: no endpoint was chosen, sending to {pick}");
@@ -252,7 +257,7 @@ pub fn finished(done: &super::vm::Running, response_bytes: u64, now_us: u64) {
     stats::observe(
         &metrics::OBJECTIVE_REQUEST_DURATION,
         &[model, target],
-        now_us.saturating_sub(done.routed_us),
+        now_us.saturating_sub(done.received_us),
     );
     stats::observe(
         &metrics::OBJECTIVE_RESPONSE_SIZES,
@@ -261,10 +266,16 @@ pub fn finished(done: &super::vm::Running, response_bytes: u64, now_us: u64) {
     );
 }
 
-/// Counts a request of `tokens` on `endpoint` as finished, with its outcome for passive
-/// health (`None`: not watched, or no response); counts an ejection it caused.
-pub fn release(vm: u64, endpoint: &str, tokens: u64, outcome: Option<(Outcome, &PassiveHealth)>) {
-    let now = host::clock_ms();
+/// Counts a request of `tokens` on `endpoint` as finished at `now_us`, with its outcome
+/// for passive health (`None`: not watched, or no response); counts an ejection it caused.
+pub fn release(
+    vm: u64,
+    endpoint: &str,
+    tokens: u64,
+    now_us: u64,
+    outcome: Option<(Outcome, &PassiveHealth)>,
+) {
+    let now = i64::try_from(now_us / 1_000).unwrap_or(i64::MAX);
     match inflight::release(&HostStore, vm, endpoint, tokens, now, outcome) {
         Ok(Some(ms)) => {
             log::warn!("passive health: {endpoint} failed repeatedly; ejected for {ms} ms");
