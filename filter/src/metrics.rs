@@ -224,6 +224,80 @@ pub const FLOW_POOL_SATURATION: Metric = Metric {
     labels: &["inference_pool"],
 };
 
+// --- SLO-aware routing and the latency predictor -------------------------------------
+// Per request (recorded by the worker that served it, at the end of the stream, for
+// requests routed with a latency producer configured); durations in microseconds.
+
+/// Labels of the per-request latency metrics.
+const OBJECTIVE_LABELS: &[&str] = &["model_name", "target_model_name"];
+
+/// Observed time to first token (dispatch → first body chunk; → end when not streamed).
+pub const OBJECTIVE_TTFT: Metric = Metric {
+    name: "inference_objective_request_ttft_seconds",
+    kind: Kind::Histogram,
+    labels: OBJECTIVE_LABELS,
+};
+
+/// TTFT predicted at pick time for the endpoint chosen.
+pub const OBJECTIVE_PREDICTED_TTFT: Metric = Metric {
+    name: "inference_objective_request_predicted_ttft_seconds",
+    kind: Kind::Histogram,
+    labels: OBJECTIVE_LABELS,
+};
+
+/// Observed time per output token (streamed responses).
+pub const OBJECTIVE_TPOT: Metric = Metric {
+    name: "inference_objective_request_tpot_seconds",
+    kind: Kind::Histogram,
+    labels: OBJECTIVE_LABELS,
+};
+
+/// TPOT predicted at pick time for the endpoint chosen.
+pub const OBJECTIVE_PREDICTED_TPOT: Metric = Metric {
+    name: "inference_objective_request_predicted_tpot_seconds",
+    kind: Kind::Histogram,
+    labels: OBJECTIVE_LABELS,
+};
+
+/// Requests whose observed TTFT exceeded their `x-llm-d-slo-ttft-ms`.
+pub const OBJECTIVE_TTFT_SLO_VIOLATION: Metric = Metric {
+    name: "inference_objective_request_ttft_slo_violation_total",
+    kind: Kind::Counter,
+    labels: OBJECTIVE_LABELS,
+};
+
+/// Requests whose observed TPOT exceeded their `x-llm-d-slo-tpot-ms`.
+pub const OBJECTIVE_TPOT_SLO_VIOLATION: Metric = Metric {
+    name: "inference_objective_request_tpot_slo_violation_total",
+    kind: Kind::Counter,
+    labels: OBJECTIVE_LABELS,
+};
+
+// The predictor's health: set by the VM that trains, after each training tick;
+// `prediction` is `ttft` or `tpot`.
+
+/// Samples the model has been trained on.
+pub const PREDICTOR_SAMPLES: Metric = Metric {
+    name: "inference_extension_latency_predictor_samples",
+    kind: Kind::Gauge,
+    labels: &["prediction"],
+};
+
+/// The running mean absolute percentage error of the predictions used, in thousandths
+/// (50 = 5 %).
+pub const PREDICTOR_ERROR: Metric = Metric {
+    name: "inference_extension_latency_predictor_error_permille",
+    kind: Kind::Gauge,
+    labels: &["prediction"],
+};
+
+/// When the model was last trained (ms since the Unix epoch, host clock).
+pub const PREDICTOR_TRAINED: Metric = Metric {
+    name: "inference_extension_latency_predictor_last_train_timestamp_ms",
+    kind: Kind::Gauge,
+    labels: &[],
+};
+
 /// Every metric the filter defines.
 pub const ALL: &[Metric] = &[
     SCHEDULER_ATTEMPTS,
@@ -247,6 +321,15 @@ pub const ALL: &[Metric] = &[
     FLOW_ENQUEUE_DURATION,
     FLOW_DISPATCH_CYCLE_DURATION,
     FLOW_POOL_SATURATION,
+    OBJECTIVE_TTFT,
+    OBJECTIVE_PREDICTED_TTFT,
+    OBJECTIVE_TPOT,
+    OBJECTIVE_PREDICTED_TPOT,
+    OBJECTIVE_TTFT_SLO_VIOLATION,
+    OBJECTIVE_TPOT_SLO_VIOLATION,
+    PREDICTOR_SAMPLES,
+    PREDICTOR_ERROR,
+    PREDICTOR_TRAINED,
 ];
 
 impl Metric {

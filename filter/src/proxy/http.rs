@@ -11,19 +11,21 @@
 use super::flow::{self, Admit, RequestMeta};
 use super::route::RouteInput;
 use super::vm::{self, Running};
-use super::{host, host::Map, route, stats};
+use super::{host, host::Map, latency, route, stats};
 use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
 use crate::headers::{
-    HeaderMap, FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, SERVED, SESSION_TOKEN,
-    SLO_TTFT, SUBSET,
+    HeaderMap, FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, PREDICTION_BASED,
+    PREDICTION_BASED_OFF, SERVED, SESSION_TOKEN, SLO_TPOT, SLO_TTFT, SUBSET,
 };
+use crate::latency::Slo;
 use crate::metrics;
 use crate::model_rewrite;
 use crate::openai::{parse_request, Api, InferenceRequest};
 use crate::rng::Rng;
 use crate::runtime::Runtime;
+use crate::scheduler::handlers::slo_aware;
 use crate::scheduler::scorers::session_affinity;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -45,6 +47,8 @@ pub struct Http {
     fairness_id: String,
     objective: Option<String>,
     slo_ttft_ms: Option<u64>,
+    slo: Slo,
+    prediction_based: Option<bool>,
     received_us: u64,
     subset: Option<Vec<String>>,
     rewrite_header: Option<String>,
@@ -61,6 +65,8 @@ impl Http {
             fairness_id: DEFAULT_FAIRNESS_ID.to_string(),
             objective: None,
             slo_ttft_ms: None,
+            slo: Slo::default(),
+            prediction_based: None,
             received_us: 0,
             subset: None,
             rewrite_header: None,
@@ -88,6 +94,10 @@ impl Http {
             body_bytes,
             subset: self.subset.clone(),
             session: self.session.clone(),
+            slo: self.slo,
+            priority: self.rt.pool.priority_of(self.objective.as_deref()),
+            prediction_based: self.prediction_based,
+            streaming: request.is_some_and(|r| r.stream),
         }
     }
 
@@ -152,6 +162,9 @@ impl Http {
         };
         route::release(vm::id(), &done.endpoint, done.tokens);
         stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[&done.model], -1);
+        if self.rt.scheduler.latency.is_some() {
+            latency::finished(&self.rt, vm::id(), self.id, &done.model);
+        }
         flow::finished(&done, self.id);
     }
 }
@@ -181,6 +194,14 @@ impl HttpContext for Http {
         }
         self.objective = headers.first(&OBJECTIVE).map(str::to_string);
         self.slo_ttft_ms = slo_deadline::parse_header(headers.first(&SLO_TTFT));
+        self.slo = Slo {
+            ttft_ms: Slo::parse(headers.first(&SLO_TTFT)),
+            tpot_ms: Slo::parse(headers.first(&SLO_TPOT)),
+        };
+        self.prediction_based = slo_aware::parse_headers(
+            headers.get(PREDICTION_BASED),
+            headers.get(PREDICTION_BASED_OFF),
+        );
         self.subset = headers.get(SUBSET).map(parse_subset);
         self.rewrite_header = headers.first(&MODEL_REWRITE).map(str::to_string);
         if self.rt.sessions {
@@ -290,6 +311,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if self.rt.scheduler.latency.is_some() {
+            latency::response_headers(self.id);
+        }
         let Some(Some(endpoint)) =
             vm::with(|vm| vm.running.get(&self.id).map(|r| r.endpoint.clone()))
         else {
@@ -320,7 +344,10 @@ impl HttpContext for Http {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.rt.scheduler.latency.is_some() {
+            latency::response_chunk(self.id, body_size, end_of_stream);
+        }
         let Some(rw) = &self.rewritten else {
             return Action::Continue;
         };

@@ -6,10 +6,11 @@
 //! callback) and when flow control releases a parked request (from another context, with
 //! the stream made current; its body is read and parsed again then).
 
-use super::{host, host::Map, stats, store::HostStore, vm};
+use super::{host, host::Map, latency, stats, store::HostStore, vm};
 use crate::errors::ApiError;
 use crate::headers::{DESTINATION, DROPPED_REASON, PREFILLER, PRIMARY, RETRY_AFTER};
 use crate::inflight;
+use crate::latency::Slo;
 use crate::metrics;
 use crate::openai::{parse_request, Api, InferenceRequest};
 use crate::prefix::shared;
@@ -32,6 +33,14 @@ pub struct RouteInput {
     pub subset: Option<Vec<String>>,
     /// `x-session-token`, if read.
     pub session: Option<String>,
+    /// The SLO headers.
+    pub slo: Slo,
+    /// The objective's priority.
+    pub priority: i32,
+    /// `x-prediction-based-scheduling(-off)`.
+    pub prediction_based: Option<bool>,
+    /// `stream: true`.
+    pub streaming: bool,
 }
 
 fn failed(model: &str, why: &str) -> Result<String, ApiError> {
@@ -68,6 +77,7 @@ pub fn route(
         _ => None,
     };
     let model = input.model.as_str();
+    let view = latency::view(rt, now);
     let pick = Pick {
         request: Request {
             model: &input.target,
@@ -76,6 +86,10 @@ pub fn route(
             body_bytes: input.body_bytes,
             session_token: input.session.as_deref(),
             now_ms: now,
+            slo: input.slo,
+            priority: input.priority,
+            prediction_based: input.prediction_based,
+            latency: view.as_ref(),
         },
         tokens,
         vm: vm_id,
@@ -119,13 +133,28 @@ pub fn route(
             s.ns / 1_000,
         );
     }
-    let (targets, prefill, disaggregated, hit) = match outcome.routed {
+    let (targets, prefill, disaggregated, hit, estimate) = match outcome.routed {
         Routed::Chosen {
             targets,
             prefill,
             disaggregated,
             hit,
-        } => (targets, prefill, disaggregated, hit),
+            estimate,
+        } => (targets, prefill, disaggregated, hit, estimate),
+        Routed::Shed { why } => {
+            stats::add(
+                &metrics::SCHEDULER_ATTEMPTS,
+                &["failure", model, "", "", ""],
+                1,
+            );
+            return Err(ApiError {
+                status: 429,
+                kind: "rate_limit_error",
+                message: why,
+                param: None,
+                dropped: None,
+            });
+        }
         Routed::None { why, pool } => {
             if rt.pool.fail_open {
                 if let Some(endpoint) = fail_open(vm_id, ctx, rt, pool, model, tokens, now) {
@@ -166,6 +195,16 @@ pub fn route(
     }
     stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], outcome.e2e_us);
     admitted(model, &primary);
+    latency::dispatched(
+        rt,
+        vm_id,
+        ctx,
+        &primary,
+        estimate,
+        input.slo,
+        input.streaming,
+        host::clock_us(),
+    );
     Ok(primary)
 }
 
