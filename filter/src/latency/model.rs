@@ -5,14 +5,16 @@
 //!
 //! * **Global term** — RLS with forgetting factor [`FORGET`]: each sample costs
 //!   O(N²) (N = [`N`] features; about 200 multiply-adds), never a refit. Samples are
-//!   weighted by 1/y², so the fit minimises the squared *relative* error (what MAPE
-//!   measures) and a 10 s TTFT does not drown a 50 ms one.
+//!   weighted by 1/ŷ² (the current prediction), so the fit minimises the squared
+//!   *relative* error (what MAPE measures) without the low bias of weighting by the
+//!   noisy observation, and a 10 s TTFT does not drown a 50 ms one.
 //! * **Per-endpoint term** — `ln(observed / global)` averaged per endpoint (mean over
 //!   the first [`ENDPOINT_WARMUP`] samples, then an EWMA), so one pool may mix GPU
-//!   generations: the global term learns how latency depends on load, each endpoint's
-//!   factor how fast that endpoint is, and a slowed or replaced endpoint is re-learnt
-//!   within a few dozen samples. The global term is trained on targets divided by the
-//!   endpoint's factor (latency at the reference speed).
+//!   generations: the global term learns how latency depends on load over the whole
+//!   pool, each endpoint's factor how much faster or slower than that it runs, and a
+//!   slowed or replaced endpoint is re-learnt within a few dozen samples. The global
+//!   term is trained on the raw targets: training it on targets divided by the factor
+//!   would let the two terms chase the same error and drift apart.
 //! * **Quantile** — `ln(observed / mean prediction)` tracked by stochastic quantile
 //!   descent at level τ; the quantile objective multiplies by `exp(q)`.
 //! * **Error** — the mean absolute percentage error of the predictions the pickers
@@ -359,9 +361,15 @@ impl Model {
                 };
                 *log += a * (r - *log);
             }
-            let normalized = y / log.exp();
+            // Weighted by the current prediction, not the observation: 1/y² would bias
+            // the fit low wherever latency is noisy (it rewards under-predicting).
+            let scale = if m.samples >= MIN_SAMPLES / 2 {
+                global
+            } else {
+                y
+            };
             let rls = m.rls.get_or_insert_with(Rls::fresh);
-            rls.update(&x, normalized, 1.0 / (normalized * normalized));
+            rls.update(&x, y, 1.0 / (scale * scale));
             m.samples += 1;
         }
         self.trained_ms = now_ms;
