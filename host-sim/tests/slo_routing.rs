@@ -10,7 +10,8 @@ use common::*;
 use epp_filter::latency::Target;
 use host_sim::world::clock::Rng;
 use host_sim::{
-    ms, Condition, Control, Nanos, Outcome, RequestSpec, Sim, SimConfig, VllmConfig, SEC,
+    ms, Condition, Control, Fault, FaultAction, Nanos, Outcome, RequestSpec, Sim, SimConfig,
+    VllmConfig, SEC,
 };
 use serde_json::json;
 
@@ -342,4 +343,54 @@ fn sheddable_requests_nobody_can_serve_get_429_and_critical_ones_are_served() {
     assert_eq!(body["error"]["code"], 429);
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("TTFT 5 ms"), "{message}");
+}
+
+/// Every VM (the four workers' and the main thread's, so whichever trains) traps once at
+/// 25 s and is reloaded: the model lives in shared data, so training continues from what
+/// was learnt — the sample count keeps growing from where it was, and the slow endpoint
+/// is still known as slow.
+#[test]
+fn a_crash_of_every_vm_loses_nothing_the_predictor_learnt() {
+    let (mut sim, eps) = mixed_pool(learning_config(&endpoints(4)), 9);
+    let mut rng = Rng::new(9, 1);
+    sim.add_requests(traffic(&mut rng, ms(100), 12.0, 600, &[]));
+    let crash_at = 25 * SEC;
+    let workers = (0..4).map(host_sim::slot_of_worker);
+    for slot in std::iter::once(host_sim::SLOT_MAIN).chain(workers) {
+        sim.add_fault(
+            Fault::new("proxy_get_shared_data", FaultAction::Trap)
+                .in_slot(slot)
+                .between(crash_at, u64::MAX)
+                .times(1),
+        );
+    }
+    sim.run_until(crash_at).unwrap();
+    let before = latency_model(&sim);
+    sim.run_until_answered(200 * SEC).unwrap();
+    let after = latency_model(&sim);
+    let n = |m: &epp_filter::latency::Model| m.samples(Target::Ttft);
+    let slow = |m: &epp_filter::latency::Model| {
+        m.endpoints
+            .iter()
+            .find(|e| e.address == eps[0])
+            .map_or(0.0, |e| e.ttft_log.exp())
+    };
+    eprintln!(
+        "crashes {}, reloads {}; TTFT samples {} before, {} after; slow factor {:.2} -> {:.2}",
+        sim.crashes().len(),
+        sim.reloads(),
+        n(&before),
+        n(&after),
+        slow(&before),
+        slow(&after)
+    );
+    assert_eq!(sim.crashes().len(), 5);
+    assert!(n(&before) >= 250, "{}", n(&before));
+    assert!(
+        n(&after) >= n(&before) + 250,
+        "{} then {}",
+        n(&before),
+        n(&after)
+    );
+    assert!(slow(&before) > 1.3 && slow(&after) > 1.3);
 }
