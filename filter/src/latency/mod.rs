@@ -25,7 +25,7 @@ pub mod shared;
 
 use crate::endpoint::Candidate;
 use crate::prefix::index::PrefixMatch;
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::rc::Rc;
 
 pub use headroom::Prediction;
@@ -86,6 +86,7 @@ pub fn estimate(
     prefix: &[PrefixMatch],
 ) -> Vec<Estimate> {
     let model = view.and_then(|v| v.model.as_deref());
+    let terms = model.map(Model::terms).unwrap_or_default();
     candidates
         .iter()
         .enumerate()
@@ -93,8 +94,9 @@ pub fn estimate(
             let ratio = prefix.get(i).map_or(0.0, PrefixMatch::ratio);
             let x = features::of(input_tokens, ratio, c);
             let prediction = model.and_then(|m| {
-                let ttft = m.predict(Target::Ttft, &c.address, &x, settings.objective)?;
-                let tpot = m.predict(Target::Tpot, &c.address, &x, settings.objective);
+                let term = terms.get(c.address.as_str()).copied();
+                let ttft = m.predict_with(Target::Ttft, term, &x, settings.objective)?;
+                let tpot = m.predict_with(Target::Tpot, term, &x, settings.objective);
                 let running_min = view.and_then(|v| v.min_tpot_slo.get(&c.address).copied());
                 Some(headroom::assess(
                     settings,

@@ -24,6 +24,7 @@
 //! VM that trains and read by all (`super::shared`).
 
 use super::features::N;
+use hashbrown::HashMap;
 use prost::Message;
 
 /// RLS forgetting factor: a sample's weight halves after about 700 newer ones, so the
@@ -105,14 +106,16 @@ impl Rls {
             *self = Self::fresh();
         }
         let s = weight.sqrt();
-        let xs: Vec<f64> = x.iter().map(|v| v * s).collect();
+        let mut xs = [0.0; N];
+        for (o, v) in xs.iter_mut().zip(x) {
+            *o = v * s;
+        }
         let ys = y * s;
         // px = P x
-        let px: Vec<f64> = self
-            .p
-            .chunks_exact(N)
-            .map(|row| row.iter().zip(&xs).map(|(a, b)| a * b).sum())
-            .collect();
+        let mut px = [0.0; N];
+        for (o, row) in px.iter_mut().zip(self.p.chunks_exact(N)) {
+            *o = row.iter().zip(&xs).map(|(a, b)| a * b).sum();
+        }
         let denom = FORGET + xs.iter().zip(&px).map(|(a, b)| a * b).sum::<f64>();
         if !(denom.is_finite() && denom > 0.0) {
             *self = Self::fresh();
@@ -257,21 +260,37 @@ impl Model {
         self.target(t).map_or(0.0, |m| m.error)
     }
 
-    fn endpoint_log(&self, address: &str, t: Target) -> f64 {
+    /// The learnt terms by address (build once per pick: a lookup per candidate is then
+    /// O(1)).
+    pub fn terms(&self) -> HashMap<&str, &EndpointTerm> {
         self.endpoints
             .iter()
-            .find(|e| e.address == address)
-            .map_or(0.0, |e| match t {
-                Target::Ttft => e.ttft_log,
-                Target::Tpot => e.tpot_log,
-            })
+            .map(|e| (e.address.as_str(), e))
+            .collect()
     }
 
     /// The prediction of `t` (ms) for a request with features `x` on `address`, or
     /// `None` before the target has [`MIN_SAMPLES`].
     pub fn predict(&self, t: Target, address: &str, x: &[f64; N], obj: Objective) -> Option<f64> {
+        let term = self.endpoints.iter().find(|e| e.address == address);
+        self.predict_with(t, term, x, obj)
+    }
+
+    /// [`Model::predict`] with the endpoint's term already looked up (`None`: not learnt
+    /// yet, the pool-wide prediction).
+    pub fn predict_with(
+        &self,
+        t: Target,
+        term: Option<&EndpointTerm>,
+        x: &[f64; N],
+        obj: Objective,
+    ) -> Option<f64> {
         let m = self.target(t).filter(|m| m.samples >= MIN_SAMPLES)?;
-        let mean = m.global(x) * self.endpoint_log(address, t).exp();
+        let log = term.map_or(0.0, |e| match t {
+            Target::Ttft => e.ttft_log,
+            Target::Tpot => e.tpot_log,
+        });
+        let mean = m.global(x) * log.exp();
         let v = match obj {
             Objective::Mean => mean,
             Objective::Quantile(_) => mean * m.quantile_log.exp(),
@@ -373,6 +392,10 @@ impl Model {
             m.samples += 1;
         }
         self.trained_ms = now_ms;
+    }
+
+    /// Forgets the endpoints not seen for [`ENDPOINT_TTL_MS`] (once per training tick).
+    pub fn expire(&mut self, now_ms: i64) {
         self.endpoints
             .retain(|e| now_ms.saturating_sub(e.seen_ms) < ENDPOINT_TTL_MS);
     }

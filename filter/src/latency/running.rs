@@ -10,8 +10,8 @@
 //! (a crashed worker's requests died with it). Live VMs refresh their row from the tick.
 
 use crate::shared_store::{read, update, SharedStore, StoreError};
+use hashbrown::HashMap;
 use prost::Message;
-use std::collections::HashMap;
 
 /// Shared-data key of the record.
 pub const RUNNING_KEY: &str = "epp.v1.latency.running";

@@ -92,6 +92,7 @@ pub fn train_tick(
         for s in &batch {
             m.train(s, now_ms);
         }
+        m.expire(now_ms);
         m.clone()
     })?;
     update(store, VERSION_KEY, |v: &mut Version| v.n += 1)?;
