@@ -58,6 +58,18 @@ impl ApiError {
         }
     }
 
+    /// 429: the pool has endpoints, but the scheduler's filters removed every one for this
+    /// request (the reference answers ResourceExhausted, "failed to find target endpoint").
+    pub fn no_target(message: impl Into<String>) -> Self {
+        Self {
+            status: 429,
+            kind: "rate_limit_error",
+            message: format!("failed to find target endpoint: {}", message.into()),
+            param: None,
+            dropped: None,
+        }
+    }
+
     /// 500: the gateway itself failed.
     pub fn internal(message: impl Into<String>) -> Self {
         Self {

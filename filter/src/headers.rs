@@ -37,6 +37,8 @@ pub const PREDICTION_BASED: &str = "x-prediction-based-scheduling";
 pub const PREDICTION_BASED_OFF: &str = "x-prediction-based-scheduling-off";
 /// Model rewrite (GIE name, router name).
 pub const MODEL_REWRITE: [&str; 2] = ["x-gateway-model-name-rewrite", "x-llm-d-model-name-rewrite"];
+/// The request's id: generated (a UUID) when the client sent none, as the reference does.
+pub const REQUEST_ID: &str = "x-request-id";
 /// Session affinity: the client sends back the token the gateway answered with.
 pub const SESSION_TOKEN: &str = "x-session-token";
 /// On a flow-control refusal: why the request was dropped (the llm-d router's values).

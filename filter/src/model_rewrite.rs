@@ -9,13 +9,19 @@
 
 use crate::config::Pool;
 
-/// The model to send a request for `model` as. `header` is the rewrite header's value,
-/// `draw` a uniform number in [0, 1) for the weighted choice among a rule's targets.
-pub fn target(model: &str, header: Option<&str>, pool: &Pool, draw: f64) -> String {
+/// The model to send a request for `model` as, and the rule that chose it (if one did).
+/// `header` is the rewrite header's value, `draw` a uniform number in [0, 1) for the
+/// weighted choice among a rule's targets.
+pub fn target<'a>(
+    model: &str,
+    header: Option<&str>,
+    pool: &'a Pool,
+    draw: f64,
+) -> (String, Option<&'a str>) {
     let named = header.unwrap_or(model);
     match pool.rewrite(named, draw) {
-        Some((_, t)) => t.to_string(),
-        None => named.to_string(),
+        Some((rule, t)) => (t.to_string(), Some(rule)),
+        None => (named.to_string(), None),
     }
 }
 
@@ -30,17 +36,62 @@ pub fn rewrite_body(body: &[u8], target: &str) -> Option<Vec<u8>> {
     serde_json::to_vec(&doc).ok()
 }
 
-/// `chunk` with `"model":"<sent>"` (with or without a space after the colon) turned back
-/// into the client's model name; `None` when nothing matched (the chunk is left as is).
-pub fn restore(chunk: &[u8], sent: &str, client: &str) -> Option<Vec<u8>> {
-    let text = std::str::from_utf8(chunk).ok()?;
-    let mut out = text.to_string();
-    for sep in [":", ": "] {
-        let from = format!("\"model\"{sep}\"{sent}\"");
-        let to = format!("\"model\"{sep}\"{client}\"");
-        out = out.replace(&from, &to);
+/// Puts the client's model name back into a response, chunk by chunk: `"model":"<sent>"`
+/// (with or without a space after the colon) becomes `"model":"<client>"`, also when a
+/// chunk boundary falls inside it (the unfinished tail is held back and joined to the next
+/// chunk; the last chunk releases it).
+#[derive(Debug, Clone)]
+pub struct Restorer {
+    patterns: [(Vec<u8>, Vec<u8>); 2],
+    carry: Vec<u8>,
+}
+
+impl Restorer {
+    /// Restores `client` where the server says `sent`.
+    pub fn new(sent: &str, client: &str) -> Self {
+        let pair = |sep: &str| {
+            (
+                format!("\"model\"{sep}\"{sent}\"").into_bytes(),
+                format!("\"model\"{sep}\"{client}\"").into_bytes(),
+            )
+        };
+        Self {
+            patterns: [pair(":"), pair(": ")],
+            carry: Vec::new(),
+        }
     }
-    (out != text).then(|| out.into_bytes())
+
+    /// The bytes to send for `chunk` (`end`: the response's last chunk); `None` when they
+    /// are the chunk unchanged.
+    pub fn chunk(&mut self, chunk: &[u8], end: bool) -> Option<Vec<u8>> {
+        if self.carry.is_empty() && !chunk.contains(&b'"') {
+            return None;
+        }
+        let mut data = std::mem::take(&mut self.carry);
+        let carried = !data.is_empty();
+        data.extend_from_slice(chunk);
+        let mut out = Vec::with_capacity(data.len());
+        let mut changed = carried;
+        let mut i = 0;
+        while let Some(rest) = data.get(i..).filter(|r| !r.is_empty()) {
+            if rest.first() == Some(&b'"') {
+                if let Some((from, to)) = self.patterns.iter().find(|(f, _)| rest.starts_with(f)) {
+                    out.extend_from_slice(to);
+                    i += from.len();
+                    changed = true;
+                    continue;
+                }
+                if !end && self.patterns.iter().any(|(f, _)| f.starts_with(rest)) {
+                    self.carry = rest.to_vec();
+                    changed = true;
+                    break;
+                }
+            }
+            out.extend_from_slice(rest.get(..1).unwrap_or_default());
+            i += 1;
+        }
+        changed.then_some(out)
+    }
 }
 
 #[cfg(test)]
@@ -63,19 +114,19 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn a_rule_sends_the_request_as_one_of_its_weighted_targets() {
         let p = pool();
-        assert_eq!(target("llama", None, &p, 0.5), "llama-v1");
-        assert_eq!(target("llama", None, &p, 0.95), "llama-v2");
+        assert_eq!(target("llama", None, &p, 0.5).0, "llama-v1");
+        assert_eq!(target("llama", None, &p, 0.95).0, "llama-v2");
         // A model no rule names falls to the rule without a model.
-        assert_eq!(target("other", None, &p, 0.5), "default-model");
+        assert_eq!(target("other", None, &p, 0.5).0, "default-model");
         // No rule at all: the request's own model.
-        assert_eq!(target("m", None, &Pool::default(), 0.5), "m");
+        assert_eq!(target("m", None, &Pool::default(), 0.5).0, "m");
     }
 
     #[wasm_bindgen_test(unsupported = test)]
     fn the_rewrite_header_names_the_model_the_rules_then_apply_to() {
         let p = pool();
-        assert_eq!(target("other", Some("llama"), &p, 0.1), "llama-v1");
-        assert_eq!(target("llama", Some("x"), &Pool::default(), 0.1), "x");
+        assert_eq!(target("other", Some("llama"), &p, 0.1).0, "llama-v1");
+        assert_eq!(target("llama", Some("x"), &Pool::default(), 0.1).0, "x");
     }
 
     #[wasm_bindgen_test(unsupported = test)]
@@ -89,19 +140,53 @@ mod tests {
         assert_eq!(rewrite_body(b"[1,2]", "x"), None);
     }
 
+    fn restore(chunk: &[u8]) -> Option<Vec<u8>> {
+        Restorer::new("llama-v2", "llama").chunk(chunk, true)
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn the_response_gets_the_clients_model_name_back() {
         let chunk = br#"data: {"id":"1","model":"llama-v2","choices":[]}"#;
-        let out = restore(chunk, "llama-v2", "llama").unwrap();
         assert_eq!(
-            out,
+            restore(chunk).unwrap(),
             br#"data: {"id":"1","model":"llama","choices":[]}"#.to_vec()
         );
-        let spaced = br#"{"model": "llama-v2"}"#;
         assert_eq!(
-            restore(spaced, "llama-v2", "llama").unwrap(),
+            restore(br#"{"model": "llama-v2"}"#).unwrap(),
             br#"{"model": "llama"}"#.to_vec()
         );
-        assert_eq!(restore(br#"{"model":"other"}"#, "llama-v2", "llama"), None);
+        assert_eq!(restore(br#"{"model":"other"}"#), None);
+        assert_eq!(restore(b"no quotes at all"), None);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_name_split_across_chunks_is_restored_at_every_split_point() {
+        let body = br#"data: {"model":"llama-v2","x":1}
+
+data: {"model": "llama-v2","model":"llama-v2x"}
+
+"#;
+        let want = String::from_utf8(body.to_vec())
+            .unwrap()
+            .replace("\"llama-v2\"", "\"llama\"");
+        for split in 0..=body.len() {
+            for second in split..=body.len() {
+                let mut r = Restorer::new("llama-v2", "llama");
+                let mut out = Vec::new();
+                let parts = [&body[..split], &body[split..second], &body[second..]];
+                for (k, part) in parts.iter().enumerate() {
+                    let end = k == parts.len() - 1;
+                    match r.chunk(part, end) {
+                        Some(b) => out.extend(b),
+                        None => out.extend_from_slice(part),
+                    }
+                }
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    want,
+                    "split at {split} and {second}"
+                );
+            }
+        }
     }
 }

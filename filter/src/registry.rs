@@ -188,6 +188,14 @@ fn latency_producer(v: &Value, p: &str, in_profiles: bool) -> Result<Built, Conf
     Ok(b)
 }
 
+fn prefix_scorer(v: &Value, path: &str) -> Result<Built, ConfigError> {
+    let (s, config) = prefix_cache::PrefixCache::from_parameters(v, path)?;
+    Ok(Built {
+        prefix: Some(config),
+        ..reading_prefix(scorer(s))
+    })
+}
+
 use Role::*;
 
 /// Every plugin type, one line each.
@@ -205,10 +213,8 @@ pub const TYPES: &[PluginType] = &[
     t(running_requests::TYPE, &[Scorer], |v, p| Ok(scorer(running_requests::RunningRequests::from_parameters(v, p)?))),
     t(token_load::TYPE, &[Scorer], |v, p| Ok(scorer(token_load::TokenLoad::from_parameters(v, p)?))),
     t(lora_affinity::TYPE, &[Scorer], |v, p| Ok(scorer(lora_affinity::LoraAffinity::from_parameters(v, p)?))),
-    t(prefix_cache::TYPE, &[Scorer], |v, p| {
-        let (s, config) = prefix_cache::PrefixCache::from_parameters(v, p)?;
-        Ok(Built { prefix: Some(config), ..reading_prefix(scorer(s)) })
-    }),
+    t(prefix_cache::TYPE, &[Scorer], prefix_scorer),
+    t(prefix_cache::ALIAS, &[Scorer], prefix_scorer),
     t(session_affinity::TYPE, &[Scorer], |v, p| Ok(scorer(session_affinity::SessionAffinity::from_parameters(v, p)?))),
     t(no_hit_lru::TYPE, &[Scorer], |v, p| Ok(reading_prefix(scorer(no_hit_lru::NoHitLru::from_parameters(v, p)?)))),
     t(max_score::TYPE, &[Picker], |v, p| Ok(picker(max_score::MaxScore::from_parameters(v, p)?))),

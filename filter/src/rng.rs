@@ -37,6 +37,20 @@ impl Rng {
         usize::try_from(self.next_u64() % n64).unwrap_or(0)
     }
 
+    /// A random (version 4) UUID in its canonical text form, as `x-request-id` carries.
+    pub fn uuid_v4(&mut self) -> String {
+        let hi = (self.next_u64() & !0xF000) | 0x4000; // version 4
+        let lo = (self.next_u64() & !(0b11 << 62)) | (0b10 << 62); // RFC 4122 variant
+        format!(
+            "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            hi >> 32,
+            (hi >> 16) & 0xFFFF,
+            hi & 0xFFFF,
+            lo >> 48,
+            lo & 0xFFFF_FFFF_FFFF
+        )
+    }
+
     /// Fisher-Yates shuffle.
     pub fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
@@ -65,5 +79,21 @@ mod tests {
         }
         let f = a.next_f64();
         assert!((0.0..1.0).contains(&f));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn request_ids_are_version_4_uuids() {
+        let mut r = Rng::new(1);
+        let a = r.uuid_v4();
+        let b = r.uuid_v4();
+        assert_ne!(a, b);
+        for id in [a, b] {
+            let parts: Vec<&str> = id.split('-').collect();
+            let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+            assert_eq!(lens, [8, 4, 4, 4, 12], "{id}");
+            assert!(id.chars().all(|c| c == '-' || c.is_ascii_hexdigit()));
+            assert!(parts[2].starts_with('4'), "version: {id}");
+            assert!("89ab".contains(&parts[3][..1]), "variant: {id}");
+        }
     }
 }

@@ -94,7 +94,6 @@ impl World {
             key,
             head,
             enqueue_ms: self.now,
-            deadline_ms: None,
             data: (),
         });
         let (config, now) = (self.config.clone(), self.now);

@@ -9,7 +9,7 @@ use common::filter::flow_state;
 use common::flow_control::*;
 use common::{endpoints, MODEL};
 use host_sim::world::clock::Rng;
-use host_sim::{ms, Final, Poisson, Sim, SimpleUpstream, US};
+use host_sim::{ms, Final, Poisson, RequestSpec, Sim, SimpleUpstream, US};
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -540,4 +540,65 @@ fn with_global_strict_fairness_and_fcfs_dispatch_order_is_arrival_order_across_w
         assert!(out.iter().all(|o| o.fin == Final::Response));
         assert_no_residue(&sim, &format!("seed {seed}"));
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The llm-d router's header names, and the flow-control metrics.
+
+/// Sum of the samples of `name` whose labels include every one of `labels`.
+fn labelled(sim: &Sim, name: &str, labels: &[&str]) -> f64 {
+    sim.prometheus()
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `x-llm-d-inference-objective` and `x-llm-d-inference-fairness-id` classify a request
+/// as the gateway's names do (priority and flow in every flow-control metric), and each
+/// request's admission, its time in the queue and the dispatch cycles are recorded.
+#[test]
+fn the_routers_header_names_classify_and_every_flow_control_metric_is_recorded() {
+    let eps = endpoints(1);
+    let flow = json!({"defaultRequestTTL": "60s"});
+    // One slot: the first request runs, the others wait for it.
+    let cfg = sim_config(&fc_config(&eps, 1, flow, &[]), 1, 0.0);
+    let mut sim = fc_sim(cfg, &eps, 1, SimpleUpstream::new);
+    let routers = |i: usize, objective: &str, tenant: &str| {
+        RequestSpec::completion(MODEL, &format!("request {i:05}"), 4, false)
+            .header("x-llm-d-inference-objective", objective)
+            .header("x-llm-d-inference-fairness-id", tenant)
+    };
+    sim.add_requests([
+        request(0, "standard", "gateway-tenant", 4).at(ms(10)),
+        routers(1, "premium", "llmd-tenant").at(ms(11)),
+        routers(2, "best-effort", "llmd-other").at(ms(12)),
+    ]);
+    sim.run().unwrap();
+    assert!(sim.outcomes().iter().all(|o| o.status == Some(200)));
+    let queued = "inference_extension_flow_control_request_queue_duration_seconds_count";
+    for (tenant, priority) in [
+        ("gateway-tenant", "0"),
+        ("llmd-tenant", "100"),
+        ("llmd-other", "-10"),
+    ] {
+        let labels = [
+            &format!("fairness_id=\"{tenant}\"") as &str,
+            &format!("priority=\"{priority}\""),
+            "outcome=\"Dispatched\"",
+        ];
+        assert_eq!(labelled(&sim, queued, &labels), 1.0, "{tenant}");
+    }
+    // The premium request, queued after the best-effort one, was dispatched first.
+    let at = |i: usize| sim.outcomes()[i].dispatched_at.unwrap();
+    assert!(at(1) < at(2));
+    let enqueue = "inference_extension_flow_control_request_enqueue_duration_seconds_count";
+    assert_eq!(labelled(&sim, enqueue, &[]), 3.0);
+    let cycles = "inference_extension_flow_control_dispatch_cycle_duration_seconds_count";
+    assert!(
+        labelled(&sim, cycles, &[]) >= 2.0,
+        "the two waiting requests were released by dispatch cycles"
+    );
+    assert_no_residue(&sim, "aliases");
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::endpoints;
-use common::filter::{flow_state, VM_STALE_MS};
+use common::filter::{flow_state, with_scrape_cluster, VM_STALE_MS};
 use common::flow_control::*;
 use host_sim::{
     ms, Control, FailurePolicy, Fault, FaultAction, Final, Nanos, Sim, SimpleUpstream, SEC, US,
@@ -386,6 +386,34 @@ fn with_an_empty_pool_requests_wait_within_their_ttl_instead_of_failing_at_once(
     }
 }
 
+/// `noEndpointRequestTTL` is the queue-wait budget while the pool has no endpoint (a cold
+/// start), `defaultRequestTTL` while it has one: requests on an empty pool wait the longer
+/// budget and leave as `EvictedNoEndpoints` (503, `rejected-no-endpoints`).
+#[test]
+fn an_empty_pool_holds_requests_for_the_no_endpoint_budget() {
+    let flow = json!({"defaultRequestTTL": "1s", "noEndpointRequestTTL": "3s"});
+    let cfg = sim_config(&fc_config(&[], 4, flow, &[]), 1, 0.0);
+    let mut sim = fc_sim(cfg, &[], 4, SimpleUpstream::new);
+    sim.add_requests((0..4).map(|i| request(i, "standard", "t", 2).at(ms(10) + ms(5) * i as u64)));
+    sim.run().unwrap();
+    for o in sim.outcomes() {
+        assert_eq!(o.status, Some(503), "{o:?}");
+        assert_eq!(
+            o.header("x-llm-d-request-dropped-reason"),
+            Some("rejected-no-endpoints")
+        );
+        assert!(o.text().contains("noEndpointRequestTTL"), "{}", o.text());
+        let waited = o.finished_at.unwrap() - o.enqueued_at.unwrap();
+        assert!(
+            waited >= ms(2999) && waited <= ms(3021),
+            "waited {:.0} ms",
+            in_ms(waited)
+        );
+    }
+    assert!(sim.prometheus().contains("outcome=\"EvictedNoEndpoints\""));
+    assert_no_residue(&sim, "no-endpoint budget");
+}
+
 /// Scale from zero: requests waiting on an empty pool are dispatched once an endpoint
 /// appears. The filter's endpoints are only `pool.endpoints` of its configuration and
 /// host-sim cannot change them mid-run (no data layer, no plugin reconfiguration), so
@@ -401,16 +429,16 @@ fn requests_waiting_on_an_empty_pool_are_dispatched_when_an_endpoint_is_added() 
 }
 
 /// All endpoints gone: the configured server goes away and comes back 200 ms later.
-/// With the concurrency detector counting only the gateway's own in-flight requests,
-/// flow control does not see the outage, so requests in it are sent to the dead
-/// address and get the router's 503 instead of waiting within their TTL.
+/// Its failed scrape takes it out of the candidates, so the pool has no endpoint: flow
+/// control holds the requests (whatever the detector, here the concurrency detector,
+/// which only counts the gateway's own requests) and dispatches them when a scrape
+/// succeeds again.
 #[test]
-#[ignore = "flow control does not hold requests while every endpoint is down: the concurrency detector only counts in-flight requests of a static pool, so they get the router's 503 at once"]
 fn requests_during_an_outage_of_every_endpoint_wait_and_are_served_when_one_returns() {
     for (seed, preempt) in all_seeds() {
         let eps = endpoints(1);
         let flow = json!({"defaultRequestTTL": "2s"});
-        let cfg = sim_config(&fc_config(&eps, 4, flow, &[]), seed, preempt);
+        let cfg = with_scrape_cluster(sim_config(&fc_config(&eps, 4, flow, &[]), seed, preempt));
         let mut sim = fc_sim(cfg, &eps, 4, SimpleUpstream::new);
         sim.at(ms(100), Control::RemoveEndpoint(eps[0].clone()));
         sim.at(
@@ -418,11 +446,19 @@ fn requests_during_an_outage_of_every_endpoint_wait_and_are_served_when_one_retu
             Control::AddEndpoint(eps[0].clone(), Box::new(SimpleUpstream::new(&eps[0]))),
         );
         sim.add_requests(
-            (0..6).map(|i| request(i, "standard", "t", 2).at(ms(150) + ms(10) * i as u64)),
+            // From 200 ms: a scrape (every 50 ms) has seen the server gone by then; a request
+            // sent before any scrape notices goes to the dead address (the router's 503).
+            (0..6).map(|i| request(i, "standard", "t", 2).at(ms(200) + ms(10) * i as u64)),
         );
-        sim.run().unwrap();
+        sim.run_until(ms(3_000)).unwrap();
         for o in sim.outcomes() {
             assert_eq!(o.status, Some(200), "seed {seed}: {} {o:?}", o.text());
+            let waited = o.dispatched_at.unwrap() - o.enqueued_at.expect("it waited");
+            assert!(o.dispatched_at.unwrap() >= ms(300), "seed {seed}: {o:?}");
+            assert!(
+                waited < ms(400),
+                "seed {seed}: dispatched soon after the return"
+            );
         }
     }
 }

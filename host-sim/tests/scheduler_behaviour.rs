@@ -507,3 +507,50 @@ fn while_no_scrape_can_be_sent_every_server_stays_a_candidate_on_its_last_snapsh
     );
     assert_eq!(after.len(), 3, "{after:?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// x-request-id.
+
+/// A request without `x-request-id` reaches the server with a generated one (a UUID, one
+/// per request), as the reference's EPP adds it; a client's own id is passed on as is.
+/// (Here Envoy's connection manager is told not to generate it: `generate_request_id`.)
+#[test]
+fn a_request_without_an_id_gets_one_and_a_clients_id_is_kept() {
+    let eps = endpoints(1);
+    let cfg = json!({"pool": {"endpoints": eps}});
+    let mut config = with_scrape_cluster(SimConfig::new(&cfg.to_string()).workers(2).seed(5));
+    config.generate_request_id = false;
+    let mut sim = Sim::new(config).unwrap();
+    sim.add_invariant(within_ledger());
+    let seen = Seen::default();
+    sim.add_endpoint(
+        &eps[0],
+        Box::new(Recording {
+            inner: Box::new(engine(&eps[0], 1).build()),
+            seen: seen.clone(),
+            rewrite: None,
+        }),
+    );
+    sim.add_requests([
+        RequestSpec::completion(MODEL, "one", 2, false).at(ms(100)),
+        RequestSpec::completion(MODEL, "two", 2, false).at(ms(110)),
+        RequestSpec::completion(MODEL, "three", 2, false)
+            .header("x-request-id", "client-chosen-id")
+            .at(ms(120)),
+    ]);
+    sim.run_until(5 * SEC).unwrap();
+    let got = seen.borrow();
+    let ids: Vec<&str> = got
+        .iter()
+        .filter(|(_, path, _)| path == "/v1/completions")
+        .map(|(_, _, h)| header(h, "x-request-id").expect("every request has an id"))
+        .collect();
+    assert_eq!(ids.len(), 3);
+    assert!(ids.contains(&"client-chosen-id"));
+    let generated: Vec<&&str> = ids.iter().filter(|i| **i != "client-chosen-id").collect();
+    assert_ne!(generated[0], generated[1]);
+    for id in generated {
+        assert_eq!(id.len(), 36, "{id}");
+        assert_eq!(id.as_bytes()[14], b'4', "a version-4 UUID: {id}");
+    }
+}

@@ -209,7 +209,7 @@ fn the_predictor_learns_a_mixed_pool_from_the_streams_it_sees() {
     );
     let permille = metric(
         &sim,
-        "inference_extension_latency_predictor_error_permille{prediction=\"tpot\"}",
+        "inference_extension_latency_predictor_error{prediction=\"tpot\"}",
     );
     assert_eq!(permille, (tpot_err * 1000.0).round());
 }

@@ -9,6 +9,8 @@ Used by scripts/run and by the end-to-end tests, so both run the same Envoy setu
 --config is the filter configuration: JSON, or YAML as in the reference's docs (a .yaml/.yml
 file, or anything that is not JSON), which the workspace's `epp-config` tool validates and
 turns into JSON (built on first use). --endpoints, when given, replaces its pool.endpoints.
+With pool.metricsEndpoint, a second listener on its port serves the filter's metrics
+(envoy/metrics-listener.yaml.in); port 0 there is replaced by a free port.
 A listener port 0 lets the kernel choose (read it back from the admin API); an admin port 0
 is replaced by a free port, because the bootstrap's `epp-admin` cluster (endpoint discovery)
 must name it.
@@ -55,6 +57,9 @@ def main():
         limit = DEFAULT_BODY_LIMIT
 
     admin_port = a.admin_port or free_port()
+    metrics = config.get("pool", {}).get("metricsEndpoint")
+    if isinstance(metrics, dict) and metrics.get("port") == 0:
+        metrics["port"] = free_port()
 
     def read(name):
         with open(os.path.join(ENVOY_DIR, name)) as f:
@@ -80,6 +85,13 @@ def main():
         extra += ("  - name: %s\n    connect_timeout: 1s\n    type: STATIC\n"
                   "    load_assignment: {cluster_name: %s, endpoints: [{lb_endpoints: [%s]}]}\n"
                   % (json.dumps(name), json.dumps(name), ", ".join(hosts)))
+    listeners = ""
+    if isinstance(metrics, dict) and filters:
+        listeners = (read("metrics-listener.yaml.in")
+                     .replace("{{METRICS_PORT}}", str(int(metrics.get("port", 0))))
+                     .replace("{{METRICS_PATH}}", json.dumps(metrics.get("path", "/metrics")))
+                     .replace("{{HTTP_FILTERS}}", filters)
+                     .rstrip("\n"))
     out = (read("bootstrap.yaml.in")
            .replace("{{ADMIN_PORT}}", str(admin_port))
            .replace("{{LISTEN_PORT}}", str(a.listen_port))
@@ -87,6 +99,7 @@ def main():
            .replace("{{STATS_TAGS}}", block("stats-tags.yaml"))
            .replace("{{HISTOGRAM_BUCKETS}}", block("histogram-buckets.yaml"))
            .replace("{{HTTP_FILTERS}}", filters)
+           .replace("{{EXTRA_LISTENERS}}\n", listeners + "\n" if listeners else "")
            .replace("{{EXTRA_CLUSTERS}}\n", extra))
     sys.stdout.write(out)
 

@@ -451,12 +451,13 @@ fn model_rewrites_send_the_target_model_and_answer_with_the_clients_name() {
 }
 
 #[test]
-fn with_fail_open_a_request_no_endpoint_passes_goes_to_a_healthy_one() {
+fn a_request_the_filters_leave_no_endpoint_for_gets_429_or_with_fail_open_a_healthy_one() {
     let servers = fast_servers(2);
     let filtered_out = json!({"plugins": [
         {"type": "label-selector-filter", "parameters": {"matchLabels": {"zone": "nowhere"}}},
         {"type": "queue-scorer"}]});
-    // Fail closed (the default): 503 with a JSON error naming the profile.
+    // Fail closed (the default): the reference's 429 ("failed to find target endpoint"),
+    // with a JSON error naming the profile.
     let envoy = Envoy::start(&filtered_out, &VllmSimServer::addresses(&servers), 1);
     let r = http::post_json(
         &envoy.listen,
@@ -464,14 +465,12 @@ fn with_fail_open_a_request_no_endpoint_passes_goes_to_a_healthy_one() {
         &completion("closed", 2, false),
     )
     .unwrap();
-    assert_eq!(r.status, 503);
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(
-        r.json()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("default"),
-        "{}",
-        r.text()
+        message.starts_with("failed to find target endpoint") && message.contains("default"),
+        "{message}"
     );
     drop(envoy);
     // Fail open: served anyway.

@@ -58,6 +58,20 @@ pub struct Discovery {
     pub refresh_ms: u64,
 }
 
+/// Where the filter answers Prometheus scrapes of its own metrics (in the reference's
+/// names and units, merged over every Envoy worker).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsEndpoint {
+    /// The local port requests must arrive on (a listener of their own: the inference
+    /// listener never serves metrics).
+    pub port: u16,
+    /// The path (default `/metrics`).
+    pub path: String,
+}
+
+/// Default path of [`MetricsEndpoint`].
+pub const DEFAULT_METRICS_PATH: &str = "/metrics";
+
 /// The pool of model servers the filter picks from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pool {
@@ -75,6 +89,8 @@ pub struct Pool {
     pub discovery: Option<Discovery>,
     /// When no endpoint can be chosen, send the request to any healthy endpoint instead of 503.
     pub fail_open: bool,
+    /// The filter's own metrics endpoint, if configured.
+    pub metrics_endpoint: Option<MetricsEndpoint>,
 }
 
 impl Default for Pool {
@@ -87,6 +103,7 @@ impl Default for Pool {
             model_rewrites: Vec::new(),
             discovery: None,
             fail_open: false,
+            metrics_endpoint: None,
         }
     }
 }
@@ -99,6 +116,7 @@ const POOL_FIELDS: &[&str] = &[
     "modelRewrites",
     "discovery",
     "failOpen",
+    "metricsEndpoint",
 ];
 
 /// Parses and validates the `pool` section.
@@ -215,7 +233,34 @@ pub fn parse_pool(v: &Value) -> Result<Pool, ConfigError> {
             refresh_ms,
         });
     }
+    if let Some(m) = obj.get("metricsEndpoint") {
+        pool.metrics_endpoint = Some(parse_metrics_endpoint(m)?);
+    }
     Ok(pool)
+}
+
+fn parse_metrics_endpoint(v: &Value) -> Result<MetricsEndpoint, ConfigError> {
+    let path = "pool.metricsEndpoint";
+    let o = as_object(v, path)?;
+    only_fields(o, path, &["port", "path"])?;
+    let port = o
+        .get("port")
+        .ok_or_else(|| err(path, "missing field `port`"))?
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| err(&format!("{path}.port"), "must be a port number (1-65535)"))?;
+    let url_path = match o.get("path") {
+        Some(p) => as_str(p, &format!("{path}.path"))?.to_string(),
+        None => DEFAULT_METRICS_PATH.to_string(),
+    };
+    if !url_path.starts_with('/') {
+        return Err(err(&format!("{path}.path"), "must start with `/`"));
+    }
+    Ok(MetricsEndpoint {
+        port,
+        path: url_path,
+    })
 }
 
 fn parse_rewrite(v: &Value, path: &str, index: usize) -> Result<ModelRewrite, ConfigError> {

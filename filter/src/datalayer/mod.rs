@@ -121,17 +121,20 @@ pub fn candidates(
     out
 }
 
-/// The scraped load of every pool endpoint (static then discovered), as the saturation
-/// detectors read it: an endpoint not scraped yet, or whose scrape failed, reads as never
-/// scraped (saturated until it is).
+/// The scraped load of every pool endpoint (static then discovered, each once, within the
+/// subset hint), as the saturation detectors read it: an endpoint not scraped yet, or
+/// whose scrape failed, reads as never scraped (saturated until it is).
 pub fn endpoint_loads(
     static_endpoints: &[Endpoint],
     discovered: &[Endpoint],
     snapshots: &HashMap<String, EndpointSnapshot>,
+    subset: Option<&[String]>,
 ) -> Vec<EndpointLoad> {
+    let mut seen: hashbrown::HashSet<&str> = hashbrown::HashSet::new();
     static_endpoints
         .iter()
         .chain(discovered)
+        .filter(|e| subset_allows(subset, &e.address) && seen.insert(e.address.as_str()))
         .map(|e| match snapshots.get(&e.address) {
             Some(s) if !s.failing && s.updated_ms != 0 => {
                 EndpointLoad::scraped(s.waiting, s.kv_usage, Some(s.updated_ms))
@@ -181,6 +184,28 @@ mod tests {
         // It answers again.
         snaps.get_mut("10.0.0.2:8000").unwrap().failing = false;
         assert_eq!(candidates(&eps, &[], &snaps, None).len(), 2);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn detector_loads_count_each_endpoint_once_within_the_subset_hint() {
+        let eps = [ep("10.0.0.1:8000"), ep("10.0.0.2:8000")];
+        // Discovery also lists a static endpoint: it is one endpoint, not two.
+        let discovered = [ep("10.0.0.2:8000"), ep("10.0.0.3:8000")];
+        let mut snaps = HashMap::new();
+        snaps.insert(
+            "10.0.0.2:8000".to_string(),
+            EndpointSnapshot {
+                address: "10.0.0.2:8000".into(),
+                waiting: 9,
+                updated_ms: 5,
+                ..EndpointSnapshot::default()
+            },
+        );
+        assert_eq!(endpoint_loads(&eps, &discovered, &snaps, None).len(), 3);
+        let only = parse_subset("10.0.0.2:8000");
+        let loads = endpoint_loads(&eps, &discovered, &snaps, Some(&only));
+        assert_eq!(loads.len(), 1);
+        assert_eq!(loads[0].waiting, 9.0);
     }
 
     #[wasm_bindgen_test(unsupported = test)]

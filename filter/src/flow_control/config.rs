@@ -36,8 +36,11 @@ pub struct FlowControlConfig {
     pub max_bytes: u64,
     /// Global count limit on queued requests; 0 = none.
     pub max_requests: u64,
-    /// Queue TTL (ms); 0 = wait until the client goes away.
+    /// Queue TTL (ms) while the pool has endpoints; 0 = wait until the client goes away.
     pub default_ttl_ms: u64,
+    /// Queue TTL (ms) while the pool has no endpoint (`noEndpointRequestTTL`); `None`
+    /// follows `default_ttl_ms`.
+    pub no_endpoint_ttl_ms: Option<u64>,
     /// Template for priorities without an explicit band.
     pub default_band: Band,
     /// Explicit bands, highest priority first.
@@ -46,12 +49,23 @@ pub struct FlowControlConfig {
     pub ceiling: f64,
 }
 
+impl FlowControlConfig {
+    /// The queue-wait budgets of the two regimes.
+    pub fn budgets(&self) -> super::ttl::Budgets {
+        super::ttl::Budgets {
+            with_endpoints_ms: self.default_ttl_ms,
+            without_endpoints_ms: self.no_endpoint_ttl_ms.unwrap_or(self.default_ttl_ms),
+        }
+    }
+}
+
 impl Default for FlowControlConfig {
     fn default() -> Self {
         Self {
             max_bytes: 0,
             max_requests: 0,
             default_ttl_ms: 0,
+            no_endpoint_ttl_ms: None,
             default_band: Band {
                 priority: 0,
                 max_bytes: DEFAULT_BAND_MAX_BYTES,
@@ -114,6 +128,7 @@ impl FlowControlConfig {
                 "maxBytes",
                 "maxRequests",
                 "defaultRequestTTL",
+                "noEndpointRequestTTL",
                 "defaultPriorityBand",
                 "priorityBands",
                 "usageLimitPolicyPluginRef",
@@ -132,6 +147,16 @@ impl FlowControlConfig {
                 )
             })?;
             c.default_ttl_ms = parse_duration_ms(s).map_err(|r| err("defaultRequestTTL", r))?;
+        }
+        if let Some(v) = obj.get("noEndpointRequestTTL") {
+            let s = v.as_str().ok_or_else(|| {
+                err(
+                    "noEndpointRequestTTL",
+                    "must be a duration string such as \"5m\"".into(),
+                )
+            })?;
+            c.no_endpoint_ttl_ms =
+                Some(parse_duration_ms(s).map_err(|r| err("noEndpointRequestTTL", r))?);
         }
         if let Some(v) = obj.get("defaultPriorityBand") {
             c.default_band = parse_band(v, &format!("{path}.defaultPriorityBand"), false, &plugin)?;
@@ -377,6 +402,18 @@ mod tests {
         assert_eq!(c.max_bytes, 10 * 1024 * 1024 * 1024);
         assert_eq!(c.max_requests, 1000);
         assert_eq!(c.default_ttl_ms, 60_000);
+        // Without noEndpointRequestTTL both regimes have defaultRequestTTL.
+        assert_eq!(c.budgets().without_endpoints_ms, 60_000);
+        let mut split = section.clone();
+        split["noEndpointRequestTTL"] = json!("5m");
+        let c2 = FlowControlConfig::parse(&split, "flowControl", declared(&plugins)).unwrap();
+        assert_eq!(
+            (
+                c2.budgets().with_endpoints_ms,
+                c2.budgets().without_endpoints_ms
+            ),
+            (60_000, 300_000)
+        );
         let prios: Vec<i32> = c.bands.iter().map(|b| b.priority).collect();
         assert_eq!(prios, [100, 0, -10], "highest first");
         assert_eq!(c.bands[0].fairness, FairnessPolicy::RoundRobin);
@@ -393,6 +430,10 @@ mod tests {
         let cases = [
             (json!({"maxBytes": "lots"}), "flowControl.maxBytes"),
             (json!({"maxRequests": -1}), "flowControl.maxRequests"),
+            (
+                json!({"noEndpointRequestTTL": 5}),
+                "flowControl.noEndpointRequestTTL",
+            ),
             (
                 json!({"defaultRequestTTL": "-1s"}),
                 "flowControl.defaultRequestTTL",

@@ -22,3 +22,4 @@ pub mod outcome;
 pub mod parked;
 pub mod saturation;
 pub mod state;
+pub mod ttl;

@@ -1,6 +1,7 @@
 //! How a request leaves flow control, what the client gets, and the metric label.
 
 use super::state::Limit;
+use super::ttl::Budgets;
 use crate::errors::ApiError;
 
 /// Final outcome of a request in flow control (the reference's names).
@@ -16,6 +17,8 @@ pub enum Outcome {
     EvictedTtl,
     /// The client went away while it waited.
     EvictedContextCancelled,
+    /// It waited out `noEndpointRequestTTL` while the pool had no endpoint (503).
+    EvictedNoEndpoints,
     /// The gateway shut down while it waited (500).
     EvictedOther,
 }
@@ -29,13 +32,15 @@ impl Outcome {
             Self::RejectedOther => "RejectedOther",
             Self::EvictedTtl => "EvictedTTL",
             Self::EvictedContextCancelled => "EvictedContextCancelled",
+            Self::EvictedNoEndpoints => "EvictedNoEndpoints",
             Self::EvictedOther => "EvictedOther",
         }
     }
 
     /// The reply a client gets, if any (a dispatched request gets none; a cancelled
     /// one has nobody left to answer, but gets 503 if the stream is still there).
-    pub fn error(&self, ttl_ms: u64) -> Option<ApiError> {
+    pub fn error(&self, budgets: Budgets) -> Option<ApiError> {
+        let ttl_ms = budgets.with_endpoints_ms;
         match self {
             Self::Dispatched => None,
             Self::RejectedCapacity(limit) => Some(ApiError {
@@ -51,6 +56,14 @@ impl Outcome {
                      (flowControl.defaultRequestTTL) for the pool to have room"
                 ))
                 .dropped("rejected-ttl-expired"),
+            ),
+            Self::EvictedNoEndpoints => Some(
+                ApiError::unavailable(format!(
+                    "no model server endpoint became available within the queue TTL of {} ms \
+                     (flowControl.noEndpointRequestTTL)",
+                    budgets.without_endpoints_ms
+                ))
+                .dropped("rejected-no-endpoints"),
             ),
             Self::EvictedContextCancelled => Some(
                 ApiError::unavailable("client disconnected: request removed from the queue")
@@ -87,15 +100,23 @@ mod tests {
     use super::*;
     use wasm_bindgen_test::wasm_bindgen_test;
 
+    fn b(ms: u64) -> Budgets {
+        Budgets {
+            with_endpoints_ms: ms,
+            without_endpoints_ms: 2 * ms,
+        }
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn statuses_as_the_reference() {
-        let status = |o: Outcome| o.error(1000).map(|e| e.status);
+        let status = |o: Outcome| o.error(b(1000)).map(|e| e.status);
         assert_eq!(status(Outcome::Dispatched), None);
         assert_eq!(
             status(Outcome::RejectedCapacity(Limit::BandBytes)),
             Some(429)
         );
         assert_eq!(status(Outcome::EvictedTtl), Some(503));
+        assert_eq!(status(Outcome::EvictedNoEndpoints), Some(503));
         assert_eq!(status(Outcome::EvictedContextCancelled), Some(503));
         assert_eq!(status(Outcome::EvictedOther), Some(500));
         assert_eq!(status(Outcome::RejectedOther), Some(500));
@@ -104,18 +125,21 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn a_rejection_says_which_limit() {
         let e = Outcome::RejectedCapacity(Limit::GlobalRequests)
-            .error(0)
+            .error(b(0))
             .unwrap();
         assert!(e.message.contains("flowControl.maxRequests"));
-        let e = Outcome::EvictedTtl.error(1500).unwrap();
+        let e = Outcome::EvictedTtl.error(b(1500)).unwrap();
         assert!(e.message.contains("1500 ms"));
         assert_eq!(Outcome::EvictedTtl.label(), "EvictedTTL");
+        let e = Outcome::EvictedNoEndpoints.error(b(1500)).unwrap();
+        assert!(e.message.contains("3000 ms") && e.message.contains("noEndpointRequestTTL"));
+        assert_eq!(e.dropped, Some("rejected-no-endpoints"));
     }
 
     #[wasm_bindgen_test(unsupported = test)]
     fn drops_say_why_in_the_routers_words_and_when_to_retry() {
         let of = |o: Outcome| {
-            let e = o.error(1000).unwrap();
+            let e = o.error(b(1000)).unwrap();
             (e.dropped, e.retry_after_s())
         };
         assert_eq!(

@@ -1,5 +1,5 @@
-//! The requests this VM holds paused, by flow and in the band's order, with their TTL
-//! deadlines. Each worker VM has one; streams cannot move between workers, so the
+//! The requests this VM holds paused, by flow and in the band's order, and by enqueue
+//! time (queue-wait budgets expire the oldest first, `super::ttl`). Each worker VM has one; streams cannot move between workers, so the
 //! global state ([`super::state`]) only counts them and publishes their best keys.
 //! `T` is whatever the proxy layer needs to resume the request later.
 
@@ -23,8 +23,6 @@ pub struct ParkedRequest<T> {
     pub head: Head,
     /// When it entered flow control (ms).
     pub enqueue_ms: u64,
-    /// When its TTL expires (ms), if it has one.
-    pub deadline_ms: Option<u64>,
     /// The proxy layer's data.
     pub data: T,
 }
@@ -35,8 +33,8 @@ pub struct Parked<T> {
     items: HashMap<u32, ParkedRequest<T>>,
     /// Per flow: (key, arrival sequence) → ctx, best first.
     flows: HashMap<FlowId, BTreeMap<(OrderKey, u64), u32>>,
-    /// (deadline, ctx) of requests with a TTL.
-    deadlines: BTreeSet<(u64, u32)>,
+    /// (enqueue time, ctx) of every request.
+    by_enqueue: BTreeSet<(u64, u32)>,
     seq: HashMap<u32, u64>,
     next_seq: u64,
 }
@@ -46,7 +44,7 @@ impl<T> Default for Parked<T> {
         Self {
             items: HashMap::new(),
             flows: HashMap::new(),
-            deadlines: BTreeSet::new(),
+            by_enqueue: BTreeSet::new(),
             seq: HashMap::new(),
             next_seq: 0,
         }
@@ -78,9 +76,7 @@ impl<T> Parked<T> {
             .entry(request.flow.clone())
             .or_default()
             .insert((request.key, seq), request.ctx);
-        if let Some(d) = request.deadline_ms {
-            self.deadlines.insert((d, request.ctx));
-        }
+        self.by_enqueue.insert((request.enqueue_ms, request.ctx));
         self.seq.insert(request.ctx, seq);
         self.items.insert(request.ctx, request);
     }
@@ -95,9 +91,7 @@ impl<T> Parked<T> {
                 self.flows.remove(&r.flow);
             }
         }
-        if let Some(d) = r.deadline_ms {
-            self.deadlines.remove(&(d, ctx));
-        }
+        self.by_enqueue.remove(&(r.enqueue_ms, ctx));
         Some(r)
     }
 
@@ -132,11 +126,11 @@ impl<T> Parked<T> {
             .map_or(0, BTreeMap::len)
     }
 
-    /// Up to `max` requests whose TTL has passed at `now_ms`, earliest first.
-    pub fn expired(&self, now_ms: u64, max: usize) -> Vec<u32> {
-        self.deadlines
+    /// Up to `max` requests enqueued at or before `cutoff_ms`, oldest first.
+    pub fn expired(&self, cutoff_ms: u64, max: usize) -> Vec<u32> {
+        self.by_enqueue
             .iter()
-            .take_while(|(d, _)| *d <= now_ms)
+            .take_while(|(t, _)| *t <= cutoff_ms)
             .take(max)
             .map(|(_, ctx)| *ctx)
             .collect()
@@ -158,7 +152,7 @@ mod tests {
     use super::*;
     use wasm_bindgen_test::wasm_bindgen_test;
 
-    fn req(ctx: u32, fid: &str, key: u64, deadline: Option<u64>) -> ParkedRequest<()> {
+    fn req(ctx: u32, fid: &str, key: u64, enqueue_ms: u64) -> ParkedRequest<()> {
         ParkedRequest {
             ctx,
             flow: (0, fid.into()),
@@ -172,8 +166,7 @@ mod tests {
                 bytes: 10,
                 tokens: 1,
             },
-            enqueue_ms: key,
-            deadline_ms: deadline,
+            enqueue_ms,
             data: (),
         }
     }
@@ -181,10 +174,10 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn best_first_within_a_flow_with_arrival_breaking_ties() {
         let mut p = Parked::default();
-        p.park(req(1, "a", 5, None));
-        p.park(req(2, "a", 3, None));
-        p.park(req(3, "a", 3, None));
-        p.park(req(4, "b", 1, None));
+        p.park(req(1, "a", 5, 0));
+        p.park(req(2, "a", 3, 0));
+        p.park(req(3, "a", 3, 0));
+        p.park(req(4, "b", 1, 0));
         assert_eq!(
             p.heads(0, "a", 0, 8)
                 .iter()
@@ -203,14 +196,14 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn expiry_and_removal() {
         let mut p = Parked::default();
-        p.park(req(1, "a", 0, Some(100)));
-        p.park(req(2, "a", 1, Some(50)));
-        p.park(req(3, "a", 2, None));
+        p.park(req(1, "a", 0, 100));
+        p.park(req(2, "a", 1, 50));
+        p.park(req(3, "a", 2, 200));
         assert_eq!(p.expired(49, 10), Vec::<u32>::new());
         assert_eq!(p.expired(100, 10), [2, 1]);
         assert_eq!(p.expired(100, 1), [2]);
         p.remove(2);
-        assert_eq!(p.expired(1000, 10), [1]);
+        assert_eq!(p.expired(150, 10), [1]);
         assert_eq!(p.flow_len(0, "a"), 2);
         assert!(p.contains(3) && !p.contains(2));
     }

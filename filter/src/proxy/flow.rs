@@ -10,15 +10,17 @@
 use super::route::RouteInput;
 use super::vm::{self, Running, Waiting};
 use super::{host, route, stats, store::HostStore};
+use crate::datalayer::subset_allows;
 use crate::errors::ApiError;
 use crate::flow_control::legacy;
 use crate::flow_control::ordering::OrderInputs;
 use crate::flow_control::outcome::Outcome;
 use crate::flow_control::parked::ParkedRequest;
-use crate::flow_control::saturation::{concurrency, with_unseen, EndpointLoad, PoolLoad};
+use crate::flow_control::saturation::{concurrency, reported, with_unseen, EndpointLoad, PoolLoad};
 use crate::flow_control::state::{
     Admission, Cancelled, FlowRef, FlowState, Grant, Head, HEADS_PER_QUEUE, STATE_KEY,
 };
+use crate::flow_control::ttl;
 use crate::inflight::{Ledger, LEDGER_KEY};
 use crate::metrics;
 use crate::runtime::Runtime;
@@ -62,24 +64,44 @@ pub enum Admit {
     Reject(ApiError),
 }
 
-/// Scraped endpoint loads for the utilization detector, from this VM's view of the
-/// snapshots (an endpoint not scraped yet reads as never scraped, i.e. saturated until
-/// it is).
-fn endpoint_loads(rt: &Runtime) -> Vec<EndpointLoad> {
+/// The pool as this VM sees it: scraped endpoint loads for the utilization detector
+/// (an endpoint not scraped yet reads as never scraped, i.e. saturated until it is), and
+/// how many endpoints a request could be sent to now.
+struct PoolView {
+    loads: Vec<EndpointLoad>,
+    available: usize,
+}
+
+fn endpoint_loads(rt: &Runtime) -> PoolView {
+    pool_view(rt, None)
+}
+
+/// [`PoolView`] of the endpoints within a subset hint.
+fn pool_view(rt: &Runtime, subset: Option<&[String]>) -> PoolView {
     let discovery = rt.pool.discovery.is_some();
     vm::with(|vm| {
         vm.view.refresh(discovery);
-        vm.view.loads(&rt.pool.endpoints)
+        let available = vm
+            .view
+            .with_candidates(&rt.pool.endpoints, subset, |c| c.len());
+        PoolView {
+            loads: vm.view.loads(&rt.pool.endpoints, subset),
+            available,
+        }
     })
-    .unwrap_or_default()
+    .unwrap_or(PoolView {
+        loads: Vec::new(),
+        available: 0,
+    })
 }
 
 /// The pool's saturation for `state` (in-flight counts come from the shared state).
-fn saturation(rt: &Runtime, loads: &[EndpointLoad], state: &FlowState, now_ms: u64) -> f64 {
-    let loads = with_unseen(loads, |since| state.dispatched_since(since));
+fn saturation(rt: &Runtime, view: &PoolView, state: &FlowState, now_ms: u64) -> f64 {
+    let loads = with_unseen(&view.loads, |since| state.dispatched_since(since));
     pool_saturation(
         rt,
         &loads,
+        view.available,
         (state.in_flight(), state.in_flight_tokens()),
         now_ms,
     )
@@ -88,21 +110,49 @@ fn saturation(rt: &Runtime, loads: &[EndpointLoad], state: &FlowState, now_ms: u
 fn pool_saturation(
     rt: &Runtime,
     loads: &[EndpointLoad],
+    available: usize,
     in_flight: (u64, u64),
     now_ms: u64,
 ) -> f64 {
     rt.flow.detector.saturation(&PoolLoad {
         endpoints: loads,
-        endpoint_count: loads.len().max(rt.pool.endpoints.len()),
+        endpoint_count: loads.len(),
+        available,
         in_flight_requests: in_flight.0,
         in_flight_tokens: in_flight.1,
         now_ms,
     })
 }
 
+/// The pool gauges of flow control, set between dispatch cycles too (by the scrape-lease
+/// holder after each scrape) so an idle pool's saturation does not freeze: the
+/// detector's value and its count of stale endpoints.
+pub fn pool_gauges(rt: &Runtime, now_ms: i64) {
+    let now = u64::try_from(now_ms).unwrap_or(0);
+    let view = endpoint_loads(rt);
+    let in_flight = ledger_in_flight(now, None);
+    let pool = PoolLoad {
+        endpoints: &view.loads,
+        endpoint_count: view.loads.len(),
+        available: view.available,
+        in_flight_requests: in_flight.0,
+        in_flight_tokens: in_flight.1,
+        now_ms: now,
+    };
+    let sat = reported(rt.flow.detector.saturation(&pool));
+    stats::set_value(&metrics::FLOW_POOL_SATURATION, &[&rt.pool.name], sat);
+    if let Some(stale) = rt.flow.detector.stale(&pool) {
+        stats::set(
+            &metrics::FLOW_STALE_ENDPOINTS,
+            &[rt.flow.detector.type_name()],
+            stale,
+        );
+    }
+}
+
 /// Requests and tokens in flight pool-wide from the per-endpoint ledger, which counts every
 /// routed request, with or without flow control.
-fn ledger_in_flight(now_ms: u64) -> (u64, u64) {
+fn ledger_in_flight(now_ms: u64, subset: Option<&[String]>) -> (u64, u64) {
     let mut ledger: Ledger = read(&HostStore, LEDGER_KEY)
         .ok()
         .flatten()
@@ -110,8 +160,9 @@ fn ledger_in_flight(now_ms: u64) -> (u64, u64) {
     ledger.drop_stale(i64::try_from(now_ms).unwrap_or(i64::MAX));
     let total = ledger
         .totals()
-        .values()
-        .fold((0, 0), |(r, t), (dr, dt)| (r + dr, t + dt));
+        .iter()
+        .filter(|(endpoint, _)| subset_allows(subset, endpoint))
+        .fold((0, 0), |(r, t), (_, (dr, dt))| (r + dr, t + dt));
     total
 }
 
@@ -119,16 +170,22 @@ fn queue_labels<'a>(
     rt: &'a Runtime,
     fairness_id: &'a str,
     priority: &'a str,
-    model: &'a str,
+    route: &'a RouteInput,
 ) -> [&'a str; 5] {
-    [fairness_id, priority, &rt.pool.name, model, model]
+    [
+        fairness_id,
+        priority,
+        &rt.pool.name,
+        &route.model,
+        &route.target,
+    ]
 }
 
 /// Records a request's final outcome in the queue metrics.
 fn finalize(rt: &Runtime, w: &Waiting, outcome: Outcome, parked: bool, now_us: u64) {
     let priority = w.priority.to_string();
     if parked {
-        let labels = queue_labels(rt, &w.fairness_id, &priority, &w.model);
+        let labels = queue_labels(rt, &w.fairness_id, &priority, &w.route);
         stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, -1);
         stats::add(
             &metrics::FLOW_QUEUE_BYTES,
@@ -143,10 +200,15 @@ fn finalize(rt: &Runtime, w: &Waiting, outcome: Outcome, parked: bool, now_us: u
             &priority,
             outcome.label(),
             &rt.pool.name,
-            &w.model,
-            &w.model,
+            &w.route.model,
+            &w.route.target,
         ],
         now_us.saturating_sub(w.enqueue_us),
+    );
+    stats::add(
+        &metrics::FLOW_REQUESTS,
+        &[outcome.label(), &priority, &rt.pool.name],
+        1,
     );
 }
 
@@ -163,8 +225,16 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         // Flow control's own in-flight record is not kept with the gate off: the ledger's.
         let saturation = || {
             let now_ms = host::clock_us() / 1000;
-            let loads = endpoint_loads(&rt);
-            pool_saturation(&rt, &loads, ledger_in_flight(now_ms), now_ms)
+            // Legacy admission reads the request's subset hint, as the reference's does.
+            let subset = req.route.subset.as_deref();
+            let view = pool_view(&rt, subset);
+            pool_saturation(
+                &rt,
+                &view.loads,
+                view.available,
+                ledger_in_flight(now_ms, subset),
+                now_ms,
+            )
         };
         return match legacy::admit(req.priority, saturation) {
             Ok(()) => Admit::Go {
@@ -209,7 +279,6 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
             key,
             head,
             enqueue_ms: now_ms,
-            deadline_ms: (control.default_ttl_ms > 0).then(|| now_ms + control.default_ttl_ms),
             data: waiting.clone(),
         });
         let parked = &vm.parked;
@@ -234,13 +303,16 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         result
     });
     let priority = req.priority.to_string();
-    let outcome_label = |o: Outcome| {
+    // The admission's own duration; a queued request's outcome is not known yet (the
+    // reference's `NotYetFinalized`).
+    let enqueued = |outcome: &str| {
         stats::record(
             &metrics::FLOW_ENQUEUE_DURATION,
-            &[req.fairness_id, &priority, o.label()],
+            &[req.fairness_id, &priority, outcome],
             host::clock_us().saturating_sub(now_us),
         );
     };
+    let outcome_label = |o: Outcome| enqueued(o.label());
     match decided {
         Some(Ok(Admission::Dispatch)) => {
             outcome_label(Outcome::Dispatched);
@@ -251,7 +323,8 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
             }
         }
         Some(Ok(Admission::Queued)) => {
-            let labels = queue_labels(&rt, req.fairness_id, &priority, req.model);
+            enqueued("NotYetFinalized");
+            let labels = queue_labels(&rt, req.fairness_id, &priority, req.route);
             stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, 1);
             stats::add(
                 &metrics::FLOW_QUEUE_BYTES,
@@ -264,7 +337,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
             let outcome = Outcome::RejectedCapacity(limit);
             outcome_label(outcome);
             finalize(&rt, &waiting, outcome, false, now_us);
-            match outcome.error(control.default_ttl_ms) {
+            match outcome.error(control.budgets()) {
                 Some(e) => Admit::Reject(e),
                 None => Admit::Go {
                     flow_controlled: false,
@@ -309,22 +382,13 @@ pub fn finished(running: &Running, current: u32) {
     }
 }
 
-fn dispatch_cycle(
-    rt: &Runtime,
-    loads: &[EndpointLoad],
-    s: &mut FlowState,
-    now_ms: u64,
-) -> Vec<Grant> {
+fn dispatch_cycle(rt: &Runtime, loads: &PoolView, s: &mut FlowState, now_ms: u64) -> Vec<Grant> {
     let started = host::clock_us();
     let grants = s.dispatch(&rt.flow.control, now_ms, MAX_WAKES_PER_CALLBACK, &|s| {
         saturation(rt, loads, s, now_ms)
     });
-    let sat = saturation(rt, loads, s, now_ms);
-    stats::record(
-        &metrics::FLOW_POOL_SATURATION,
-        &[&rt.pool.name],
-        (sat * 1000.0).round() as u64,
-    );
+    let sat = reported(saturation(rt, loads, s, now_ms));
+    stats::set_value(&metrics::FLOW_POOL_SATURATION, &[&rt.pool.name], sat);
     stats::record(
         &metrics::FLOW_DISPATCH_CYCLE_DURATION,
         &[],
@@ -446,7 +510,7 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
         finalize(&rt, &w, Outcome::EvictedOther, true, now_us);
         give_back(w.tokens);
         if let Ok(_stream) = host::on_stream(r.ctx, current) {
-            if let Some(e) = Outcome::EvictedOther.error(rt.flow.control.default_ttl_ms) {
+            if let Some(e) = Outcome::EvictedOther.error(rt.flow.control.budgets()) {
                 route::reply(&e, &w.model, &[]);
             }
         }
@@ -466,12 +530,7 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
             vm::with(|vm| {
                 vm.running.insert(
                     r.ctx,
-                    Running {
-                        endpoint,
-                        model: w.model.clone(),
-                        tokens: w.tokens,
-                        flow_controlled: true,
-                    },
+                    Running::new(endpoint, &w.route, w.tokens, true, host::clock_us()),
                 )
             });
         }
@@ -546,7 +605,7 @@ fn evict(ctxs: Vec<u32>, outcome: Outcome, current: u32) -> usize {
             log::debug!("an evicted request's grant was returned");
         }
         if let Ok(_stream) = host::on_stream(ctx, current) {
-            if let Some(e) = outcome.error(rt.flow.control.default_ttl_ms) {
+            if let Some(e) = outcome.error(rt.flow.control.budgets()) {
                 route::reply(&e, &r.data.model, &[]);
             }
         }
@@ -565,11 +624,23 @@ pub fn on_tick(root: u32) {
         return;
     }
     let now_ms = host::clock_ms().unsigned_abs();
-    let expired =
-        vm::with(|vm| vm.parked.expired(now_ms, MAX_WAKES_PER_CALLBACK)).unwrap_or_default();
-    evict(expired, Outcome::EvictedTtl, root);
-    let me = vm::id();
     let loads = endpoint_loads(&rt);
+    let budgets = rt.flow.control.budgets();
+    let (expired, regime) = vm::with(|vm| {
+        vm.regime.observe(loads.available == 0, now_ms);
+        let expired = ttl::cutoff(budgets, vm.regime, now_ms)
+            .map(|c| vm.parked.expired(c, MAX_WAKES_PER_CALLBACK))
+            .unwrap_or_default();
+        (expired, vm.regime)
+    })
+    .unwrap_or_default();
+    let outcome = if regime.empty {
+        Outcome::EvictedNoEndpoints
+    } else {
+        Outcome::EvictedTtl
+    };
+    evict(expired, outcome, root);
+    let me = vm::id();
     let grants = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
         s.heartbeat(me, now_ms);
         if s.queued(None) > 0 {

@@ -17,7 +17,7 @@ use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
 use crate::headers::{
     HeaderMap, FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, PREDICTION_BASED,
-    PREDICTION_BASED_OFF, SERVED, SESSION_TOKEN, SLO_TPOT, SLO_TTFT, SUBSET,
+    PREDICTION_BASED_OFF, REQUEST_ID, SERVED, SESSION_TOKEN, SLO_TPOT, SLO_TTFT, SUBSET,
 };
 use crate::latency::Slo;
 use crate::metrics;
@@ -34,12 +34,6 @@ use std::rc::Rc;
 /// The flow of requests without a fairness id.
 pub const DEFAULT_FAIRNESS_ID: &str = "default-flow";
 
-/// A model rewrite to undo in the response: `"model":"<sent>"` becomes the client's name.
-struct Rewritten {
-    sent: String,
-    client: String,
-}
-
 pub struct Http {
     id: u32,
     rt: Rc<Runtime>,
@@ -53,7 +47,9 @@ pub struct Http {
     subset: Option<Vec<String>>,
     rewrite_header: Option<String>,
     session: Option<String>,
-    rewritten: Option<Rewritten>,
+    /// A model rewrite to undo in the response.
+    rewritten: Option<model_rewrite::Restorer>,
+    response_bytes: u64,
 }
 
 impl Http {
@@ -72,13 +68,23 @@ impl Http {
             rewrite_header: None,
             session: None,
             rewritten: None,
+            response_bytes: 0,
         }
     }
 
     /// The model to send ([`model_rewrite::target`]).
     fn target_model(&self, model: &str) -> String {
         let draw = Rng::new(u64::from(self.id) ^ vm::id()).next_f64();
-        model_rewrite::target(model, self.rewrite_header.as_deref(), &self.rt.pool, draw)
+        let (target, rule) =
+            model_rewrite::target(model, self.rewrite_header.as_deref(), &self.rt.pool, draw);
+        if let Some(rule) = rule {
+            stats::add(
+                &metrics::MODEL_REWRITE_DECISIONS,
+                &[rule, model, &target],
+                1,
+            );
+        }
+        target
     }
 
     fn route_input(
@@ -90,12 +96,13 @@ impl Http {
         RouteInput {
             model: request.map_or(String::new(), |r| r.model.clone()),
             target: target.to_string(),
+            fairness_id: self.fairness_id.clone(),
+            priority: self.rt.pool.priority_of(self.objective.as_deref()),
             api: request.map(|r| r.api),
             body_bytes,
             subset: self.subset.clone(),
             session: self.session.clone(),
             slo: self.slo,
-            priority: self.rt.pool.priority_of(self.objective.as_deref()),
             prediction_based: self.prediction_based,
             streaming: request.is_some_and(|r| r.stream),
         }
@@ -123,28 +130,18 @@ impl Http {
         let model = input.model.as_str();
         match route::route(vm_id, self.id, &self.rt, input, request, tokens) {
             Ok(endpoint) => {
-                vm::with(|vm| {
-                    vm.running.insert(
-                        self.id,
-                        Running {
-                            endpoint,
-                            model: model.to_string(),
-                            tokens,
-                            flow_controlled,
-                        },
-                    )
-                });
+                let running = Running::new(endpoint, input, tokens, flow_controlled, 0);
+                let running = Running {
+                    routed_us: host::clock_us(),
+                    ..running
+                };
+                vm::with(|vm| vm.running.insert(self.id, running));
                 Action::Continue
             }
             Err(e) => {
                 if flow_controlled {
                     // Give the flow-control slot back.
-                    let held = Running {
-                        endpoint: String::new(),
-                        model: model.to_string(),
-                        tokens,
-                        flow_controlled,
-                    };
+                    let held = Running::new(String::new(), input, tokens, flow_controlled, 0);
                     flow::finished(&held, self.id);
                 }
                 self.reject(&e, model)
@@ -161,11 +158,34 @@ impl Http {
             return;
         };
         route::release(vm::id(), &done.endpoint, done.tokens);
-        stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[&done.model], -1);
+        route::finished(&done, self.response_bytes, host::clock_us());
         if self.rt.scheduler.latency.is_some() {
-            latency::finished(&self.rt, vm::id(), self.id, &done.model);
+            latency::finished(&self.rt, vm::id(), self.id, &done.model, &done.target);
         }
         flow::finished(&done, self.id);
+    }
+}
+
+/// Whether the current request arrived on local port `port`.
+fn on_port(port: u16) -> bool {
+    match host::property(&["destination", "port"]) {
+        Ok(Some(bytes)) => <[u8; 8]>::try_from(bytes.as_slice())
+            .map(i64::from_le_bytes)
+            .is_ok_and(|p| p == i64::from(port)),
+        _ => false,
+    }
+}
+
+/// Answers a scrape of the filter's own metrics (`pool.metricsEndpoint`).
+fn serve_metrics() -> Action {
+    let text = stats::exposition(vm::id(), host::clock_ms());
+    let headers = [("content-type", crate::metrics::exposition::CONTENT_TYPE)];
+    match host::send_local_response(200, &headers, text.as_bytes()) {
+        Ok(()) => Action::Pause,
+        Err(status) => {
+            log::warn!("cannot answer the metrics scrape: status {status}");
+            Action::Continue
+        }
     }
 }
 
@@ -189,6 +209,11 @@ impl HttpContext for Http {
             }
         };
         self.path = headers.get(":path").unwrap_or_default().to_string();
+        if let Some(m) = &self.rt.pool.metrics_endpoint {
+            if self.path.split('?').next() == Some(m.path.as_str()) && on_port(m.port) {
+                return serve_metrics();
+            }
+        }
         if let Some(id) = headers.first(&FAIRNESS_ID) {
             self.fairness_id = id.to_string();
         }
@@ -206,6 +231,14 @@ impl HttpContext for Http {
         self.rewrite_header = headers.first(&MODEL_REWRITE).map(str::to_string);
         if self.rt.sessions {
             self.session = headers.first(&[SESSION_TOKEN]).map(str::to_string);
+        }
+        if !headers.is_empty() && headers.get(REQUEST_ID).is_none() {
+            // Envoy generates one for edge requests; behind another proxy it may not.
+            let id = Rng::new(u64::from(self.id) ^ vm::id().rotate_left(32) ^ self.received_us)
+                .uuid_v4();
+            if let Err(status) = host::set_header(Map::RequestHeaders, REQUEST_ID, &id) {
+                log::warn!("cannot set {REQUEST_ID}: status {status}");
+            }
         }
         let present: Vec<&str> = headers.gateway_owned().collect();
         let strip: &[&str] = if headers.is_empty() {
@@ -276,10 +309,7 @@ impl HttpContext for Http {
             }
             body = new_body;
             replaced = true;
-            self.rewritten = Some(Rewritten {
-                sent: target.clone(),
-                client: request.model.clone(),
-            });
+            self.rewritten = Some(model_rewrite::Restorer::new(&target, &request.model));
         }
         let input = self.route_input(Some(&request), &target, body.len());
         let meta = RequestMeta {
@@ -348,16 +378,20 @@ impl HttpContext for Http {
         if self.rt.scheduler.latency.is_some() {
             latency::response_chunk(self.id, body_size, end_of_stream);
         }
-        let Some(rw) = &self.rewritten else {
+        // Envoy passes each chunk as it comes (nothing is buffered): the sizes add up.
+        self.response_bytes = self
+            .response_bytes
+            .saturating_add(u64::try_from(body_size).unwrap_or(u64::MAX));
+        let Some(restorer) = &mut self.rewritten else {
             return Action::Continue;
         };
-        if body_size == 0 {
+        if body_size == 0 && !end_of_stream {
             return Action::Continue;
         }
         let Ok(chunk) = host::response_body(body_size) else {
             return Action::Continue;
         };
-        if let Some(new) = model_rewrite::restore(&chunk, &rw.sent, &rw.client) {
+        if let Some(new) = restorer.chunk(&chunk, end_of_stream) {
             if let Err(status) = host::set_response_body(body_size, &new) {
                 log::warn!("cannot restore the model name in the response: status {status}");
             }

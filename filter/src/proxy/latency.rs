@@ -124,7 +124,7 @@ pub fn response_chunk(ctx: u32, size: usize, end_of_stream: bool) {
 }
 
 /// The stream of `ctx` ended: record its sample and metrics, unlist it.
-pub fn finished(rt: &Runtime, vm_id: u64, ctx: u32, model: &str) {
+pub fn finished(rt: &Runtime, vm_id: u64, ctx: u32, model: &str, target: &str) {
     let Some(Some(t)) = vm::with(|vm| vm.tracked.remove(&ctx)) else {
         return;
     };
@@ -135,7 +135,7 @@ pub fn finished(rt: &Runtime, vm_id: u64, ctx: u32, model: &str) {
         }
     }
     let Some(truth) = t.truth() else { return };
-    let labels = [model, model];
+    let labels = [model, target];
     let us = |ms: f64| (ms * 1_000.0).round().max(0.0) as u64;
     stats::observe(&metrics::OBJECTIVE_TTFT, &labels, us(truth.ttft_ms));
     if let Some(p) = t.predicted_ttft_ms {

@@ -99,6 +99,12 @@ impl RootContext for Root {
             vm.root_context = root;
             vm.plugin_vm_id = plugin_vm_id;
         });
+        // Created before the first id is taken: two VMs taking the first id at once would
+        // both write a missing key unconditionally (Envoy has no conditional create). The
+        // main thread's VM is configured before the workers' are cloned, so it creates it.
+        if let Err(e) = ensure(&HostStore, vm::VM_SEQ_KEY) {
+            log::warn!("cannot create {}: {e:?}", vm::VM_SEQ_KEY);
+        }
         vm::id();
         for key in [inflight::LEDGER_KEY, HEAD_KEY] {
             if let Err(e) = ensure(&HostStore, key) {
@@ -140,6 +146,9 @@ impl RootContext for Root {
         if let Some(rt) = &self.runtime {
             scrape::tick(rt, id, now);
             latency::tick(rt, id, now);
+            if rt.pool.metrics_endpoint.is_some() {
+                stats::publish(id, now, false);
+            }
         }
         flow::on_tick(self.id);
         // Finishing a shutdown that had more parked requests than one batch (a failed

@@ -25,6 +25,10 @@ pub struct RouteInput {
     pub model: String,
     /// The model the request is sent as (after rewrite).
     pub target: String,
+    /// Its flow's fairness id (metric label).
+    pub fairness_id: String,
+    /// Its priority (metric label).
+    pub priority: i32,
     /// The API (to parse the body again when woken); `None` for bodiless requests.
     pub api: Option<Api>,
     /// Body size.
@@ -35,21 +39,23 @@ pub struct RouteInput {
     pub session: Option<String>,
     /// The SLO headers.
     pub slo: Slo,
-    /// The objective's priority.
-    pub priority: i32,
     /// `x-prediction-based-scheduling(-off)`.
     pub prediction_based: Option<bool>,
     /// `stream: true`.
     pub streaming: bool,
 }
 
-fn failed(model: &str, why: &str) -> Result<String, ApiError> {
+fn failed(target: &str, why: &str) -> Result<String, ApiError> {
+    refused(target, ApiError::unavailable(why))
+}
+
+fn refused(target: &str, error: ApiError) -> Result<String, ApiError> {
     stats::add(
         &metrics::SCHEDULER_ATTEMPTS,
-        &["failure", model, "", "", ""],
+        &["failure", target, "", "", ""],
         1,
     );
-    Err(ApiError::unavailable(why))
+    Err(error)
 }
 
 /// Chooses the endpoint(s) for the current stream, writes the destination headers,
@@ -76,7 +82,6 @@ pub fn route(
         }
         _ => None,
     };
-    let model = input.model.as_str();
     let view = latency::view(rt, now);
     let pick = Pick {
         request: Request {
@@ -122,9 +127,9 @@ pub fn route(
         Some(Ok(o)) => o,
         Some(Err(e)) => {
             log::error!("in-flight ledger unavailable: {e:?}");
-            return failed(model, "the gateway's endpoint state is unavailable");
+            return failed(&input.target, "the gateway's endpoint state is unavailable");
         }
-        None => return failed(model, "the gateway's endpoint state is unavailable"),
+        None => return failed(&input.target, "the gateway's endpoint state is unavailable"),
     };
     for s in &outcome.samples {
         stats::observe(
@@ -142,37 +147,37 @@ pub fn route(
             estimate,
         } => (targets, prefill, disaggregated, hit, estimate),
         Routed::Shed { why } => {
-            stats::add(
-                &metrics::SCHEDULER_ATTEMPTS,
-                &["failure", model, "", "", ""],
-                1,
-            );
-            return Err(ApiError {
+            let error = ApiError {
                 status: 429,
                 kind: "rate_limit_error",
                 message: why,
                 param: None,
                 dropped: None,
-            });
+            };
+            return refused(&input.target, error);
         }
         Routed::None { why, pool } => {
+            let filtered_out = !pool.is_empty();
             if rt.pool.fail_open {
-                if let Some(endpoint) = fail_open(vm_id, ctx, rt, pool, model, tokens, now) {
+                if let Some(endpoint) = fail_open(vm_id, ctx, rt, pool, input, tokens, now) {
                     return Ok(endpoint);
                 }
             }
-            return failed(model, &why);
+            if filtered_out {
+                return refused(&input.target, ApiError::no_target(why));
+            }
+            return failed(&input.target, &why);
         }
     };
     let Some(primary) = targets.first().cloned() else {
-        return failed(model, "no model server endpoint is available");
+        return failed(&input.target, "no model server endpoint is available");
     };
     let routed = host::set_header(Map::RequestHeaders, DESTINATION, &targets.join(","))
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &primary));
     if let Err(status) = routed {
         log::error!("cannot set {DESTINATION}: status {status}");
         release(vm_id, &primary, tokens);
-        return failed(model, "the gateway could not route the request");
+        return failed(&input.target, "the gateway could not route the request");
     }
     if let Some(p) = prefill {
         if let Err(status) = host::set_header(Map::RequestHeaders, PREFILLER, &p) {
@@ -194,7 +199,7 @@ pub fn route(
         stats::observe(&metrics::PREFIX_INDEXER_HIT_BYTES, &[], bytes);
     }
     stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], outcome.e2e_us);
-    admitted(model, &primary);
+    admitted(input, &primary);
     latency::dispatched(
         rt,
         vm_id,
@@ -215,7 +220,7 @@ fn fail_open(
     ctx: u32,
     rt: &Runtime,
     pool: Vec<String>,
-    model: &str,
+    input: &RouteInput,
     tokens: u64,
     now: i64,
 ) -> Option<String> {
@@ -238,19 +243,53 @@ fn fail_open(
         return None;
     }
     log::debug!("fail-open: no endpoint was chosen, sending to {pick}");
-    admitted(model, &pick);
+    admitted(input, &pick);
     Some(pick)
 }
 
-fn admitted(model: &str, endpoint: &str) {
+fn admitted(input: &RouteInput, endpoint: &str) {
+    let (model, target) = (input.model.as_str(), input.target.as_str());
     let (pod, namespace, port) = metrics::pod_labels(endpoint);
     stats::add(
         &metrics::SCHEDULER_ATTEMPTS,
-        &["success", model, pod, namespace, port],
+        &["success", target, pod, namespace, port],
         1,
     );
-    stats::add(&metrics::OBJECTIVE_REQUEST_TOTAL, &[model, model], 1);
+    stats::add(&metrics::OBJECTIVE_REQUEST_TOTAL, &[model, target], 1);
     stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], 1);
+    let priority = input.priority.to_string();
+    stats::add(
+        &metrics::REQUEST_RUNNING,
+        &[model, target, &input.fairness_id, &priority],
+        1,
+    );
+    stats::observe(
+        &metrics::OBJECTIVE_REQUEST_SIZES,
+        &[model, target],
+        u64::try_from(input.body_bytes).unwrap_or(u64::MAX),
+    );
+}
+
+/// Records the end of a routed request: it no longer runs; its duration and response size.
+pub fn finished(done: &super::vm::Running, response_bytes: u64, now_us: u64) {
+    let (model, target) = (done.model.as_str(), done.target.as_str());
+    stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], -1);
+    let priority = done.priority.to_string();
+    stats::add(
+        &metrics::REQUEST_RUNNING,
+        &[model, target, &done.fairness_id, &priority],
+        -1,
+    );
+    stats::observe(
+        &metrics::OBJECTIVE_REQUEST_DURATION,
+        &[model, target],
+        now_us.saturating_sub(done.routed_us),
+    );
+    stats::observe(
+        &metrics::OBJECTIVE_RESPONSE_SIZES,
+        &[model, target],
+        response_bytes,
+    );
 }
 
 /// Counts a request of `tokens` on `endpoint` as finished.

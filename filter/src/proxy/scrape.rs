@@ -306,29 +306,11 @@ fn gauges(rt: &Runtime, s: &mut Scraper, vm: u64, now: i64) {
     let name = rt.pool.name.as_str();
     let snaps: Vec<EndpointSnapshot> = s.results.values().cloned().collect();
     let p = pool_stats(&snaps, now);
-    let round = |v: f64| {
-        if v.is_finite() && v > 0.0 {
-            v.round() as u64
-        } else {
-            0
-        }
-    };
+    super::flow::pool_gauges(rt, now);
     stats::set(&metrics::POOL_READY_PODS, &[name], p.ready);
-    stats::set(
-        &metrics::POOL_AVERAGE_KV,
-        &[name],
-        round(p.average_kv * 100.0),
-    );
-    stats::set(
-        &metrics::POOL_AVERAGE_QUEUE,
-        &[name],
-        round(p.average_queue),
-    );
-    stats::set(
-        &metrics::POOL_AVERAGE_RUNNING,
-        &[name],
-        round(p.average_running),
-    );
+    stats::set_value(&metrics::POOL_AVERAGE_KV, &[name], p.average_kv);
+    stats::set_value(&metrics::POOL_AVERAGE_QUEUE, &[name], p.average_queue);
+    stats::set_value(&metrics::POOL_AVERAGE_RUNNING, &[name], p.average_running);
     let mut pods = Vec::new();
     for e in &snaps {
         stats::set(&metrics::POOL_PER_POD_QUEUE, &[name, &e.address], e.waiting);

@@ -87,8 +87,9 @@ impl View {
         f(list)
     }
 
-    /// The scraped load of every endpoint, for the saturation detectors.
-    pub fn loads(&self, endpoints: &[Endpoint]) -> Vec<EndpointLoad> {
-        endpoint_loads(endpoints, &self.discovered, &self.snapshots)
+    /// The scraped load of every endpoint within the subset hint, for the saturation
+    /// detectors.
+    pub fn loads(&self, endpoints: &[Endpoint], subset: Option<&[String]>) -> Vec<EndpointLoad> {
+        endpoint_loads(endpoints, &self.discovered, &self.snapshots, subset)
     }
 }

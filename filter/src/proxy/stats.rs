@@ -1,63 +1,158 @@
-//! Exported metrics: this VM's ids for the encoded stat names, defined on first use.
+//! Exported metrics: this VM's [`Recorder`] and its Envoy stats, and the Prometheus text
+//! of every VM's records (`pool.metricsEndpoint`).
 //!
-//! Stats are process-wide in Envoy, but metric ids are per VM, so each VM defines
-//! every name it uses once and caches the id. Workers only add and subtract.
+//! Every value goes to both. Stats are process-wide in Envoy, but metric ids are per VM,
+//! so each VM defines every name it uses once and caches the id. The recorder is
+//! published to shared data (one key per VM) at most every [`PUBLISH_MS`], from the tick.
 
-use super::host;
+use super::{host, store::HostStore, vm};
+use crate::metrics::exposition;
+use crate::metrics::recorder::{Record, Recorder};
 use crate::metrics::{Kind, Metric};
+use crate::shared_store::read;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+/// How often a VM publishes its record.
+pub const PUBLISH_MS: i64 = 500;
+/// At most this many VM records are read for one exposition (the newest ids).
+const MAX_VMS: u64 = 1_024;
+
+struct Stats {
+    recorder: Recorder,
+    ids: HashMap<String, u32>,
+    published_ms: i64,
+}
+
 thread_local! {
-    static IDS: RefCell<HashMap<String, u32>> = RefCell::new(HashMap::new());
+    static STATS: RefCell<Stats> = RefCell::new(Stats {
+        recorder: Recorder::default(),
+        ids: HashMap::new(),
+        published_ms: i64::MIN,
+    });
 }
 
-fn id(metric: &Metric, values: &[&str]) -> Option<u32> {
-    let name = metric.stat_name(values);
-    if let Some(id) = IDS.with(|ids| ids.borrow().get(&name).copied()) {
-        return Some(id);
-    }
-    let kind = match metric.kind {
-        Kind::Counter => 0,
-        Kind::Gauge => 1,
-        Kind::Histogram => 2,
-    };
-    match host::define_metric(kind, &name) {
-        Ok(id) => {
-            IDS.with(|ids| ids.borrow_mut().insert(name, id));
-            Some(id)
-        }
-        Err(status) => {
-            log::warn!("cannot define metric {name}: status {status}");
-            None
-        }
-    }
+fn key(vm: u64) -> String {
+    format!("epp.v1.metrics.{vm}")
 }
 
-/// Adds `delta` to a counter or gauge.
+/// Runs `f` with the recorder and this VM's Envoy stat id for the (capped) labels.
+fn with(metric: &Metric, values: &[&str], f: impl FnOnce(&mut Recorder, Vec<String>, Option<u32>)) {
+    STATS.with(|cell| {
+        let Ok(mut stats) = cell.try_borrow_mut() else {
+            log::error!("internal: nested access to the metrics");
+            return;
+        };
+        let stats = &mut *stats;
+        let labels = stats.recorder.labels(metric, values);
+        let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
+        let name = metric.stat_name(&refs);
+        let id = match stats.ids.get(&name) {
+            Some(id) => Some(*id),
+            None => {
+                let kind = match metric.kind {
+                    Kind::Counter => 0,
+                    Kind::Gauge | Kind::Level => 1,
+                    Kind::Histogram => 2,
+                };
+                match host::define_metric(kind, &name) {
+                    Ok(id) => {
+                        stats.ids.insert(name, id);
+                        Some(id)
+                    }
+                    Err(status) => {
+                        log::warn!("cannot define metric {name}: status {status}");
+                        None
+                    }
+                }
+            }
+        };
+        f(&mut stats.recorder, labels, id);
+    });
+}
+
+/// Adds `delta` (in the metric's recorded unit) to a counter or gauge.
 pub fn add(metric: &Metric, values: &[&str], delta: i64) {
-    if let Some(id) = id(metric, values) {
-        if let Err(status) = host::increment_metric(id, delta) {
-            log::warn!("cannot update metric {}: status {status}", metric.name);
+    with(metric, values, |rec, labels, id| {
+        rec.add(metric, labels, delta);
+        if let Some(id) = id {
+            if let Err(status) = host::increment_metric(id, delta) {
+                log::warn!("cannot update metric {}: status {status}", metric.name);
+            }
         }
-    }
+    });
 }
 
-/// Records a histogram observation, or sets a gauge (last writer wins across VMs).
+/// Records a histogram observation, or sets a gauge, in the metric's recorded unit.
 pub fn record(metric: &Metric, values: &[&str], value: u64) {
-    if let Some(id) = id(metric, values) {
-        if let Err(status) = host::record_metric(id, value) {
-            log::warn!("cannot record metric {}: status {status}", metric.name);
-        }
+    match metric.kind {
+        Kind::Histogram => observe(metric, values, value),
+        _ => set_value(metric, values, value as f64 * metric.unit.scale()),
     }
 }
 
-/// Sets a gauge (last writer wins: only the lease holder sets pool gauges).
+/// Sets a gauge, in the metric's recorded unit (only the lease holder sets pool gauges).
 pub fn set(metric: &Metric, values: &[&str], value: u64) {
     record(metric, values, value);
 }
 
-/// Records a histogram observation.
+/// Sets a gauge to `value` in the exported unit (a fraction, seconds); Envoy's stat gets
+/// it rounded in the recorded unit.
+pub fn set_value(metric: &Metric, values: &[&str], value: f64) {
+    let now = host::clock_ms();
+    let scaled = value / metric.unit.scale();
+    let raw = if scaled.is_finite() && scaled > 0.0 {
+        scaled.round() as u64
+    } else {
+        0
+    };
+    with(metric, values, |rec, labels, id| {
+        rec.set(metric, labels, value, now);
+        if let Some(id) = id {
+            if let Err(status) = host::record_metric(id, raw) {
+                log::warn!("cannot record metric {}: status {status}", metric.name);
+            }
+        }
+    });
+}
+
+/// Records a histogram observation in the metric's recorded unit.
 pub fn observe(metric: &Metric, values: &[&str], value: u64) {
-    record(metric, values, value);
+    with(metric, values, |rec, labels, id| {
+        rec.observe(metric, labels, value);
+        if let Some(id) = id {
+            if let Err(status) = host::record_metric(id, value) {
+                log::warn!("cannot record metric {}: status {status}", metric.name);
+            }
+        }
+    });
+}
+
+/// Publishes this VM's record if [`PUBLISH_MS`] passed since the last time (or `force`).
+pub fn publish(vm: u64, now_ms: i64, force: bool) {
+    let bytes = STATS.with(|cell| {
+        let mut stats = cell.try_borrow_mut().ok()?;
+        if !force && now_ms.saturating_sub(stats.published_ms) < PUBLISH_MS {
+            return None;
+        }
+        stats.published_ms = now_ms;
+        Some(prost::Message::encode_to_vec(
+            &stats.recorder.record(now_ms),
+        ))
+    });
+    if let Some(bytes) = bytes {
+        if let Err(status) = host::set_shared(&key(vm), &bytes, 0) {
+            log::warn!("cannot publish this VM's metrics: status {status}");
+        }
+    }
+}
+
+/// The Prometheus text of every VM's metrics, this VM's brought up to date first.
+pub fn exposition(vm: u64, now_ms: i64) -> String {
+    publish(vm, now_ms, true);
+    let last = vm::allocated().max(vm);
+    let records: Vec<Record> = (last.saturating_sub(MAX_VMS) + 1..=last)
+        .filter_map(|id| read::<Record>(&HostStore, &key(id)).ok().flatten())
+        .collect();
+    exposition::render(&records, now_ms)
 }

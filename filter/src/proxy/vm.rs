@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 /// Shared-data key of the counter that hands out VM ids.
-const VM_SEQ_KEY: &str = "epp.v1.vm-seq";
+pub const VM_SEQ_KEY: &str = "epp.v1.vm-seq";
 
 /// A request parked by flow control, with what is needed to route it when released.
 #[derive(Debug, Clone)]
@@ -46,10 +46,40 @@ pub struct Running {
     pub endpoint: String,
     /// Its model.
     pub model: String,
+    /// The model it was sent as.
+    pub target: String,
+    /// Its flow's fairness id.
+    pub fairness_id: String,
+    /// Its priority.
+    pub priority: i32,
     /// Token estimate.
     pub tokens: u64,
     /// Whether flow control counted it in flight (and must be told it finished).
     pub flow_controlled: bool,
+    /// When it was routed (µs).
+    pub routed_us: u64,
+}
+
+impl Running {
+    /// A request routed to `endpoint` at `now_us`.
+    pub fn new(
+        endpoint: String,
+        input: &super::route::RouteInput,
+        tokens: u64,
+        flow_controlled: bool,
+        now_us: u64,
+    ) -> Self {
+        Self {
+            endpoint,
+            model: input.model.clone(),
+            target: input.target.clone(),
+            fairness_id: input.fairness_id.clone(),
+            priority: input.priority,
+            tokens,
+            flow_controlled,
+            routed_us: now_us,
+        }
+    }
 }
 
 /// The VM's state.
@@ -85,6 +115,8 @@ pub struct Vm {
     pub model: Cache,
     /// Training samples not yet pushed to the shared queue.
     pub samples: Vec<Sample>,
+    /// Whether the pool has endpoints, and since when (which queue-wait budget applies).
+    pub regime: crate::flow_control::ttl::Regime,
 }
 
 thread_local! {
@@ -111,6 +143,14 @@ pub fn with<R>(f: impl FnOnce(&mut Vm) -> R) -> Option<R> {
 struct Seq {
     #[prost(uint64, tag = "1")]
     next: u64,
+}
+
+/// How many VM ids were handed out (ids are `1..=allocated()`); 0 if unknown.
+pub fn allocated() -> u64 {
+    crate::shared_store::read::<Seq>(&HostStore, VM_SEQ_KEY)
+        .ok()
+        .flatten()
+        .map_or(0, |s| s.next)
 }
 
 /// This VM's process-unique id, allocated from a shared counter on first use.

@@ -180,6 +180,7 @@ fn prefix_config(resolved: &Resolved, built: &BTreeMap<&str, Built>) -> Option<P
     Some(
         carried(prefix::PRODUCER_TYPE)
             .or_else(|| carried(prefix_cache::TYPE))
+            .or_else(|| carried(prefix_cache::ALIAS))
             .unwrap_or_default(),
     )
 }

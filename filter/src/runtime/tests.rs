@@ -226,6 +226,21 @@ fn errors_name_the_field_and_the_reason() {
             "pool.endpoint",
             "unknown field",
         ),
+        (
+            r#"{"pool":{"metricsEndpoint":{"port":70000}}}"#,
+            "pool.metricsEndpoint.port",
+            "port number",
+        ),
+        (
+            r#"{"pool":{"metricsEndpoint":{"port":9090,"path":"metrics"}}}"#,
+            "pool.metricsEndpoint.path",
+            "start with `/`",
+        ),
+        (
+            r#"{"pool":{"metricsEndpoint":{}}}"#,
+            "pool.metricsEndpoint",
+            "missing field `port`",
+        ),
         (r#"{"kind":"Other"}"#, "kind", "EndpointPickerConfig"),
         (
             r#"{"apiVersion":"config.x-k8s.io/v1alpha1"}"#,
@@ -398,4 +413,66 @@ fn errors_name_the_field_and_the_reason() {
         assert!(e.reason.contains(reason), "for {text}: {}", e.reason);
         assert!(e.to_string().contains(path) && e.to_string().contains(reason));
     }
+}
+
+#[wasm_bindgen_test(unsupported = test)]
+fn the_seeds_prefix_scorer_name_is_the_prefix_cache_scorer() {
+    let c = parse(
+        r#"{"plugins":[{"type":"prefix-scorer","parameters":{"blockSizeTokens":32,"autoTune":false}},
+                      {"type":"max-score-picker"}],
+            "schedulingProfiles":[{"name":"default","plugins":[
+                {"pluginRef":"prefix-scorer","weight":2},{"pluginRef":"max-score-picker"}]}]}"#,
+    )
+    .unwrap();
+    let s = &c.scheduler;
+    assert_eq!(s.profiles[0].scorers.len(), 1);
+    assert_eq!(s.profiles[0].scorers[0].weight, 2.0);
+    let p = s.prefix.clone().expect("the prefix index is fed");
+    assert_eq!(p.block_size_tokens, 32);
+    let Err(e) =
+        parse(r#"{"plugins":[{"type":"prefix-scorer","parameters":{"blocksizetokens":32}}]}"#)
+    else {
+        panic!("an unknown parameter was accepted")
+    };
+    assert!(e.path.contains("blocksizetokens"), "{e}");
+}
+
+#[wasm_bindgen_test(unsupported = test)]
+fn a_declared_detector_is_not_put_in_the_auto_built_profile() {
+    // Declared plugins without profiles: the default profile takes every filter, scorer
+    // and picker, but a saturation detector declared for flow control stays out of it
+    // (as the reference's defaulting leaves it out), even though it can act as a filter.
+    let c = parse(
+        r#"{"plugins":[{"type":"utilization-detector","parameters":{"queueDepthThreshold":3}},
+                      {"type":"queue-scorer"}],
+            "saturationDetector":{"pluginRef":"utilization-detector"}}"#,
+    )
+    .unwrap();
+    let refs: Vec<&str> = c.resolved.profiles[0]
+        .plugins
+        .iter()
+        .map(|r| r.plugin_ref.as_str())
+        .collect();
+    assert_eq!(refs, ["queue-scorer", "max-score-picker"]);
+    assert!(c.scheduler.profiles[0].filters.is_empty());
+    assert_eq!(c.resolved.saturation_detector, "utilization-detector");
+}
+
+#[wasm_bindgen_test(unsupported = test)]
+fn the_static_usage_limit_policy_needs_no_declaration() {
+    // Named without being declared, the reference's auto-registered policy applies with its
+    // default threshold (1.0); declared, its threshold is read.
+    let c = parse(
+        r#"{"featureGates":["flowControl"],
+            "flowControl":{"usageLimitPolicyPluginRef":"static-usage-limit-policy"}}"#,
+    )
+    .unwrap();
+    assert_eq!(c.flow.control.ceiling, 1.0);
+    let c = parse(
+        r#"{"featureGates":["flowControl"],
+            "plugins":[{"type":"static-usage-limit-policy","name":"limit","parameters":{"threshold":0.7}}],
+            "flowControl":{"usageLimitPolicyPluginRef":"limit"}}"#,
+    )
+    .unwrap();
+    assert_eq!(c.flow.control.ceiling, 0.7);
 }

@@ -72,6 +72,9 @@ pub struct SimConfig {
     pub max_time: Nanos,
     /// VMs on other threads start within this much of the base VM.
     pub vm_start_jitter: Nanos,
+    /// Envoy's HCM `generate_request_id` (on by default): a request without
+    /// `x-request-id` gets one before the filters run.
+    pub generate_request_id: bool,
     /// Envoy's HCM `stream_idle_timeout` (0 = none).
     pub stream_idle_timeout: Nanos,
     /// Chance that a VM is suspended at a preemption point inside a host call
@@ -124,6 +127,7 @@ impl SimConfig {
             max_events: 50_000_000,
             max_time: 3600 * SEC,
             vm_start_jitter: 500 * US,
+            generate_request_id: true,
             stream_idle_timeout: 300 * SEC,
             preempt_probability: 0.0,
             preempt_window: 100 * US,

@@ -64,10 +64,14 @@ impl Sim {
             headers.push(("content-length".into(), spec.body.len().to_string()));
         }
         headers.push(("x-forwarded-proto".into(), "http".into()));
-        headers.push((
-            "x-request-id".into(),
-            format!("{:016x}-{rid}", self.rng.next_u64()),
-        ));
+        // As Envoy's connection manager: an id when the client sent none (an internal
+        // request keeps its own).
+        if self.cfg.generate_request_id && !headers.iter().any(|(k, _)| k == "x-request-id") {
+            headers.push((
+                "x-request-id".into(),
+                format!("{:016x}-{rid}", self.rng.next_u64()),
+            ));
+        }
         let body_len = spec.body.len();
         let eos = body_len == 0;
         let st = &mut self.requests.streams[rid];

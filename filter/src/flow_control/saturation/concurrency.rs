@@ -139,6 +139,7 @@ mod tests {
         PoolLoad {
             endpoints: &[],
             endpoint_count: endpoints,
+            available: endpoints,
             in_flight_requests: requests,
             in_flight_tokens: tokens,
             now_ms: 0,

@@ -65,12 +65,29 @@ pub struct PoolLoad<'a> {
     pub endpoints: &'a [EndpointLoad],
     /// Number of endpoints in the pool (for capacity-based detectors).
     pub endpoint_count: usize,
+    /// Endpoints a request could be sent to now (not failing): with none, nothing can be
+    /// dispatched whatever the detector says ([`EMPTY_POOL`]).
+    pub available: usize,
     /// Requests dispatched by the gateway and not finished, pool-wide.
     pub in_flight_requests: u64,
     /// Their estimated tokens.
     pub in_flight_tokens: u64,
     /// Now (ms).
     pub now_ms: u64,
+}
+
+/// The saturation of a pool with no endpoint to send to: above any ceiling, so requests
+/// wait (scale from zero, an outage of every endpoint). Reported as 1.0, as the reference
+/// reports an empty pool ([`reported`]).
+pub const EMPTY_POOL: f64 = f64::INFINITY;
+
+/// The value to report for a saturation: an empty pool reads 1.0.
+pub fn reported(saturation: f64) -> f64 {
+    if saturation.is_finite() {
+        saturation
+    } else {
+        1.0
+    }
 }
 
 /// A configured detector.
@@ -106,8 +123,28 @@ impl Detector {
         })
     }
 
-    /// The pool's saturation.
+    /// The detector's type name (metric label `detector`).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::Utilization(_) => utilization::TYPE,
+            Self::Concurrency(_) => concurrency::TYPE,
+        }
+    }
+
+    /// Endpoints whose metrics are missing or stale for this detector (`None`: it reads
+    /// no model-server metrics).
+    pub fn stale(&self, pool: &PoolLoad<'_>) -> Option<u64> {
+        match self {
+            Self::Utilization(p) => Some(p.stale(pool.endpoints, pool.now_ms)),
+            Self::Concurrency(_) => None,
+        }
+    }
+
+    /// The pool's saturation ([`EMPTY_POOL`] when no endpoint is available).
     pub fn saturation(&self, pool: &PoolLoad<'_>) -> f64 {
+        if pool.available == 0 {
+            return EMPTY_POOL;
+        }
         match self {
             Self::Utilization(p) => p.saturation(pool.endpoints, pool.now_ms),
             Self::Concurrency(p) => p.saturation(pool),
@@ -131,6 +168,7 @@ mod tests {
             detector.saturation(&PoolLoad {
                 endpoints: l,
                 endpoint_count: 2,
+                available: 2,
                 in_flight_requests: 0,
                 in_flight_tokens: 0,
                 now_ms: 1_100,

@@ -109,6 +109,11 @@ impl Params {
             .is_some_and(|t| now_ms.saturating_sub(t) <= self.staleness_ms)
     }
 
+    /// Endpoints whose metrics are missing or older than the staleness threshold.
+    pub fn stale(&self, endpoints: &[EndpointLoad], now_ms: u64) -> u64 {
+        endpoints.iter().filter(|e| !self.fresh(e, now_ms)).count() as u64
+    }
+
     /// One endpoint's score.
     pub fn endpoint_score(&self, e: &EndpointLoad, now_ms: u64) -> f64 {
         if !self.fresh(e, now_ms) {
@@ -135,7 +140,8 @@ impl Params {
     /// `headroom`); all of them if none qualifies (fail open).
     pub fn keep(&self, endpoints: &[EndpointLoad], now_ms: u64) -> Vec<bool> {
         let q = self.queue_depth_threshold * (1.0 + self.headroom);
-        let k = self.kv_cache_util_threshold * (1.0 + self.headroom);
+        // A KV cache cannot be more than full: headroom past 1.0 would keep full servers.
+        let k = (self.kv_cache_util_threshold * (1.0 + self.headroom)).min(1.0);
         let keep: Vec<bool> = endpoints
             .iter()
             .map(|e| self.fresh(e, now_ms) && e.waiting < q && e.kv_usage < k)
@@ -213,6 +219,19 @@ mod tests {
         // waiting < 6.0 and kv < 0.96
         assert_eq!(p.keep(&pool, now), vec![true, false, true]);
         assert_eq!(p.keep(&[ep(9.0, 0.0, Some(now))], now), vec![true]);
+        // kvCacheUtilThreshold·(1+headroom) is capped at a full cache: 0.9·1.2 would keep
+        // an endpoint at 100 %.
+        let p = Params {
+            headroom: 0.2,
+            kv_cache_util_threshold: 0.9,
+            ..Params::default()
+        };
+        let full = [ep(0.0, 1.0, Some(now)), ep(0.0, 0.5, Some(now))];
+        assert_eq!(p.keep(&full, now), vec![false, true]);
+        assert_eq!(
+            p.stale(&[ep(0.0, 0.0, None), ep(0.0, 0.0, Some(now))], now),
+            1
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]

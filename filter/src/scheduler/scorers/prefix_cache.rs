@@ -1,4 +1,5 @@
-//! `prefix-cache-scorer`: `matchedBlocks / totalBlocks` from the approximate prefix index
+//! `prefix-cache-scorer` (also registered as `prefix-scorer`, the seed's name, as the
+//! reference accepts it): `matchedBlocks / totalBlocks` from the approximate prefix index
 //! (0 when the request has no blocks). The index and its parameters are in `crate::prefix`.
 
 use crate::config::ConfigError;
@@ -8,6 +9,8 @@ use serde_json::Value;
 
 /// The type name in `EndpointPickerConfig`.
 pub const TYPE: &str = "prefix-cache-scorer";
+/// The seed's name for the same plugin.
+pub const ALIAS: &str = "prefix-scorer";
 
 /// The prefix-cache scorer.
 #[derive(Debug, Default)]

@@ -1,0 +1,278 @@
+//! One VM's metric values, in the reference's units, and the record it publishes.
+//!
+//! Each VM records into its own [`Recorder`] (no host call, no lock); the proxy layer
+//! publishes [`Recorder::record`] to shared data now and then, and the VM answering a
+//! metrics scrape merges every VM's record ([`super::exposition`]). Counters and
+//! histograms are cumulative since the VM started; gauges are this VM's share (summed
+//! over VMs) or, for [`Kind::Level`], a value set at a time (the latest wins).
+
+use super::{Kind, Metric};
+use prost::Message;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Distinct values a VM reports per client-chosen label family before the rest are
+/// reported as [`OTHER`]: `model_name` and `target_model_name` share one cap,
+/// `fairness_id` has its own (the llm-d router's caps).
+pub const LABEL_CAP: usize = 1_000;
+/// The value reported for a client-chosen label beyond [`LABEL_CAP`].
+pub const OTHER: &str = "other";
+
+/// The label families whose values come from clients, by label name.
+fn family(label: &str) -> Option<usize> {
+    match label {
+        "model_name" | "target_model_name" | "target_model" => Some(0),
+        "fairness_id" => Some(1),
+        _ => None,
+    }
+}
+
+/// The value of one series.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// A counter, or this VM's share of a gauge.
+    Sum(f64),
+    /// A gauge set at `at_ms`.
+    Level {
+        /// The value.
+        value: f64,
+        /// When it was set (ms since the epoch).
+        at_ms: i64,
+    },
+    /// Observations: non-cumulative counts per bucket (one more than the bounds: the
+    /// last is above every bound), their sum and count.
+    Histogram {
+        /// Counts per bucket.
+        counts: Vec<u64>,
+        /// Sum of the observations.
+        sum: f64,
+    },
+}
+
+/// One VM's metric values.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    series: BTreeMap<(&'static str, Vec<String>), Value>,
+    seen: [BTreeSet<String>; 2],
+}
+
+impl Recorder {
+    /// The label values to record under: a client-chosen value beyond the cap of its
+    /// family becomes [`OTHER`]. Missing values are empty.
+    pub fn labels(&mut self, metric: &Metric, values: &[&str]) -> Vec<String> {
+        metric
+            .labels
+            .iter()
+            .enumerate()
+            .map(|(i, label)| {
+                let value = values.get(i).copied().unwrap_or("");
+                match family(label).and_then(|f| self.seen.get_mut(f)) {
+                    Some(seen) if !value.is_empty() && !seen.contains(value) => {
+                        if seen.len() < LABEL_CAP {
+                            seen.insert(value.to_string());
+                            value.to_string()
+                        } else {
+                            OTHER.to_string()
+                        }
+                    }
+                    _ => value.to_string(),
+                }
+            })
+            .collect()
+    }
+
+    /// Adds `raw` (in the metric's recorded unit) to a counter or gauge.
+    pub fn add(&mut self, metric: &Metric, labels: Vec<String>, raw: i64) {
+        let delta = raw as f64 * metric.unit.scale();
+        let entry = self
+            .series
+            .entry((metric.name, labels))
+            .or_insert(Value::Sum(0.0));
+        if let Value::Sum(v) = entry {
+            *v += delta;
+        }
+    }
+
+    /// Sets a gauge to `value` (in the exported unit) at `at_ms`.
+    pub fn set(&mut self, metric: &Metric, labels: Vec<String>, value: f64, at_ms: i64) {
+        self.series
+            .insert((metric.name, labels), Value::Level { value, at_ms });
+    }
+
+    /// Records one histogram observation of `raw` (in the metric's recorded unit).
+    pub fn observe(&mut self, metric: &Metric, labels: Vec<String>, raw: u64) {
+        let value = raw as f64 * metric.unit.scale();
+        let bucket = metric
+            .buckets
+            .iter()
+            .position(|bound| value <= *bound)
+            .unwrap_or(metric.buckets.len());
+        let entry = self
+            .series
+            .entry((metric.name, labels))
+            .or_insert_with(|| Value::Histogram {
+                counts: vec![0; metric.buckets.len() + 1],
+                sum: 0.0,
+            });
+        if let Value::Histogram { counts, sum } = entry {
+            if let Some(c) = counts.get_mut(bucket) {
+                *c += 1;
+            }
+            *sum += value;
+        }
+    }
+
+    /// Series held (for tests and the bound documentation).
+    pub fn len(&self) -> usize {
+        self.series.len()
+    }
+
+    /// Whether nothing was recorded yet.
+    pub fn is_empty(&self) -> bool {
+        self.series.is_empty()
+    }
+
+    /// The record this VM publishes, stamped `now_ms`.
+    pub fn record(&self, now_ms: i64) -> Record {
+        Record {
+            updated_ms: now_ms,
+            series: self
+                .series
+                .iter()
+                .map(|((name, labels), value)| {
+                    let mut s = WireSeries {
+                        metric: (*name).to_string(),
+                        labels: labels.clone(),
+                        ..WireSeries::default()
+                    };
+                    match value {
+                        Value::Sum(v) => s.value = *v,
+                        Value::Level { value, at_ms } => {
+                            s.value = *value;
+                            s.set_at_ms = *at_ms;
+                        }
+                        Value::Histogram { counts, sum } => {
+                            s.value = *sum;
+                            s.counts = counts.clone();
+                        }
+                    }
+                    s
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What one VM publishes: every series it holds, and when it wrote this.
+#[derive(Clone, PartialEq, Message)]
+pub struct Record {
+    /// When the VM wrote the record (ms since the epoch): a VM that stopped writing is gone,
+    /// and its gauges no longer count.
+    #[prost(int64, tag = "1")]
+    pub updated_ms: i64,
+    /// The series.
+    #[prost(message, repeated, tag = "2")]
+    pub series: Vec<WireSeries>,
+}
+
+/// One series of a [`Record`].
+#[derive(Clone, PartialEq, Message)]
+pub struct WireSeries {
+    /// The metric's name ([`Metric::name`]).
+    #[prost(string, tag = "1")]
+    pub metric: String,
+    /// Label values, in the metric's label order.
+    #[prost(string, repeated, tag = "2")]
+    pub labels: Vec<String>,
+    /// A counter's or gauge's value, a histogram's sum.
+    #[prost(double, tag = "3")]
+    pub value: f64,
+    /// A histogram's non-cumulative bucket counts.
+    #[prost(uint64, repeated, tag = "4")]
+    pub counts: Vec<u64>,
+    /// When a [`Kind::Level`] gauge was set (0 for the others).
+    #[prost(int64, tag = "5")]
+    pub set_at_ms: i64,
+}
+
+impl WireSeries {
+    /// Reads it back as a [`Value`] of `metric`'s kind.
+    pub fn value(&self, metric: &Metric) -> Value {
+        match metric.kind {
+            Kind::Counter | Kind::Gauge => Value::Sum(self.value),
+            Kind::Level => Value::Level {
+                value: self.value,
+                at_ms: self.set_at_ms,
+            },
+            Kind::Histogram => Value::Histogram {
+                counts: self.counts.clone(),
+                sum: self.value,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{
+        FLOW_QUEUE_SIZE, OBJECTIVE_RUNNING_REQUESTS, POOL_AVERAGE_KV, SCHEDULER_E2E_DURATION,
+    };
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn values_are_kept_in_the_reference_units() {
+        let mut r = Recorder::default();
+        let l = r.labels(&SCHEDULER_E2E_DURATION, &[]);
+        r.observe(&SCHEDULER_E2E_DURATION, l.clone(), 150); // 150 µs
+        r.observe(&SCHEDULER_E2E_DURATION, l.clone(), 1_000_000); // 1 s: above every bound
+        let rec = r.record(5);
+        let s = &rec.series[0];
+        assert_eq!(s.metric, SCHEDULER_E2E_DURATION.name);
+        assert!((s.value - 1.000150).abs() < 1e-9);
+        let le_200us = SCHEDULER_E2E_DURATION
+            .buckets
+            .iter()
+            .position(|b| *b == 0.0002)
+            .unwrap();
+        assert_eq!(s.counts[le_200us], 1);
+        assert_eq!(*s.counts.last().unwrap(), 1);
+        assert_eq!(s.counts.iter().sum::<u64>(), 2);
+
+        let l = r.labels(&POOL_AVERAGE_KV, &["pool"]);
+        r.set(&POOL_AVERAGE_KV, l, 0.4321, 7);
+        let rec = r.record(8);
+        let kv = rec.series.iter().find(|s| s.metric == POOL_AVERAGE_KV.name);
+        assert_eq!(kv.map(|s| (s.value, s.set_at_ms)), Some((0.4321, 7)));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn gauges_go_up_and_down() {
+        let mut r = Recorder::default();
+        let l = r.labels(&OBJECTIVE_RUNNING_REQUESTS, &["m"]);
+        r.add(&OBJECTIVE_RUNNING_REQUESTS, l.clone(), 1);
+        r.add(&OBJECTIVE_RUNNING_REQUESTS, l.clone(), 1);
+        r.add(&OBJECTIVE_RUNNING_REQUESTS, l, -1);
+        assert_eq!(r.record(0).series[0].value, 1.0);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn client_chosen_label_values_are_capped() {
+        let mut r = Recorder::default();
+        for i in 0..(LABEL_CAP + 500) {
+            let id = format!("tenant-{i}");
+            let l = r.labels(&FLOW_QUEUE_SIZE, &[&id, "0", "pool", "m", "m"]);
+            r.add(&FLOW_QUEUE_SIZE, l, 1);
+        }
+        // The model name used the family's first slot; fairness ids have their own cap.
+        assert_eq!(r.len(), LABEL_CAP + 1);
+        let rec = r.record(0);
+        let other = rec.series.iter().find(|s| s.labels[0] == OTHER).unwrap();
+        assert_eq!(other.value, 500.0);
+        // A value seen before the cap keeps its own series; pool names are never capped.
+        let l = r.labels(
+            &FLOW_QUEUE_SIZE,
+            &["tenant-3", "0", "another-pool", "m", "m"],
+        );
+        assert_eq!(l, ["tenant-3", "0", "another-pool", "m", "m"]);
+    }
+}
