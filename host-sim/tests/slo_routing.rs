@@ -248,51 +248,71 @@ fn interactive_run(config: String, seed: u64) -> Interactive {
     }
 }
 
+/// The predictor's tier filter in front of the default load scorers: endpoints predicted
+/// to meet the request's SLO first, then the least loaded of them.
+fn tier_config(eps: &[String]) -> String {
+    json!({
+        "pool": {"endpoints": eps},
+        "plugins": [
+            {"type": "predicted-latency-producer", "parameters": {"streamingMode": true}},
+            {"type": "slo-headroom-tier-filter", "parameters": {"epsilonExploreNeg": 0}},
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "max-score-picker"}
+        ]
+    })
+    .to_string()
+}
+
 /// After a warm-up without SLOs, interactive requests (TTFT 400 ms, TPOT 40 ms) keep
 /// away from the slow endpoint, which cannot meet them, while background traffic
-/// without SLO headers still uses it. (`headroomSelectionStrategy: most`: with `least`,
-/// the reference's default, the draw favours the endpoints predicted to just fit, and
-/// with per-request errors of 30 % many of those miss.)
+/// without SLO headers still uses it; with the tier filter in front of the load scorers
+/// more of them meet their SLO than with the load scorers alone. The reference chart's
+/// `latency-scorer` + `weighted-random-picker` avoids the slow endpoint too but meets
+/// fewer (printed, not asserted: 0.67 against 0.78 at this seed with `most`, 0.53 with
+/// `least`; its weighted draw spreads requests onto endpoints predicted to just fit).
 #[test]
 fn a_tight_slo_avoids_the_slow_endpoint() {
-    let slo = interactive_run(
+    let eps = endpoints(4);
+    let tier = interactive_run(tier_config(&eps), 5);
+    let reference = interactive_run(
         slo_config_with(
-            &endpoints(4),
+            &eps,
             json!({"streamingMode": true}),
             json!({"headroomSelectionStrategy": "most"}),
         ),
         5,
     );
-    let default = interactive_run(learning_config(&endpoints(4)), 5);
+    let default = interactive_run(learning_config(&eps), 5);
+    let line = |name: &str, r: &Interactive| {
+        format!(
+            "{name}: {} of {} interactive on the slow endpoint (background {}), attainment {:.2}",
+            r.on_slow, r.n, r.background_on_slow, r.attainment
+        )
+    };
     eprintln!(
-        "interactive requests on the slow endpoint: SLO profile {} of {}, default {} of {}; \
-         background on it {} (SLO profile); attainment SLO profile {:.2}, default {:.2}",
-        slo.on_slow,
-        slo.n,
-        default.on_slow,
-        default.n,
-        slo.background_on_slow,
-        slo.attainment,
-        default.attainment
+        "{}\n{}\n{}",
+        line("tier filter + load scorers", &tier),
+        line("latency-scorer (most) + weighted random", &reference),
+        line("default load scorers", &default)
     );
+    for r in [&tier, &reference] {
+        assert!(r.on_slow * 12 <= r.n, "{}", line("SLO profile", r));
+        assert!(
+            r.on_slow * 2 <= default.on_slow,
+            "{}",
+            line("SLO profile", r)
+        );
+        assert!(
+            r.background_on_slow > 0,
+            "the slow endpoint still serves background"
+        );
+    }
     assert!(
-        slo.on_slow * 12 <= slo.n,
-        "{} of {} went to the slow endpoint",
-        slo.on_slow,
-        slo.n
-    );
-    assert!(
-        slo.background_on_slow > 0,
-        "the slow endpoint still serves background traffic"
-    );
-    // Half as many as the default scorers send there, at least. (Attainment is printed,
-    // not asserted: at seed 5 the SLO profile meets 0.67 of these SLOs, the default
-    // scorers 0.78 — see the issue note.)
-    assert!(
-        slo.on_slow * 2 <= default.on_slow,
-        "SLO profile {} on the slow endpoint, default {}",
-        slo.on_slow,
-        default.on_slow
+        tier.attainment > default.attainment,
+        "{} / {}",
+        line("tier", &tier),
+        line("default", &default)
     );
 }
 
