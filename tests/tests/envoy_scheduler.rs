@@ -153,17 +153,19 @@ fn pool_and_scheduler_metrics_appear_in_prometheus_with_their_labels() {
         Some(4.0),
         "{prom}"
     );
-    assert_eq!(
-        count(
-            "inference_extension_plugin_duration_seconds",
-            &[
-                ("extension_point", "Scorer"),
-                ("plugin_type", "queue-scorer"),
-                ("plugin_name", "queue-scorer")
-            ]
-        ),
-        Some(4.0),
-        "{prom}"
+    // Plugins are timed on one decision in 16 per worker, starting with its first: of
+    // these 4 decisions, the first of each worker that made one.
+    let timed = count(
+        "inference_extension_plugin_duration_seconds",
+        &[
+            ("extension_point", "Scorer"),
+            ("plugin_type", "queue-scorer"),
+            ("plugin_name", "queue-scorer"),
+        ],
+    );
+    assert!(
+        timed.is_some_and(|n| (1.0..=2.0).contains(&n)),
+        "{timed:?} {prom}"
     );
     // One series per endpoint (pod_name, namespace, port), as the reference.
     let attempts: Vec<&str> = prom

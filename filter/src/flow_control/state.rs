@@ -46,16 +46,22 @@ pub struct FlowState {
     /// Round-robin cursors, one per band that has used one.
     #[prost(message, repeated, tag = "3")]
     pub cursors: Vec<Cursor>,
-    /// When recent dispatches happened (ms), newest last, at most [`RECENT_DISPATCHES`]
-    /// within [`RECENT_WINDOW_MS`]: the load that scraped metrics cannot show yet.
-    #[prost(uint64, repeated, tag = "4")]
-    pub recent: Vec<u64>,
+    // Tag 4 held the dispatch times one by one (up to 5 KB copied on every operation);
+    // it is not reused, so an older build's record still reads.
+    /// Start (ms) of the first bucket of [`FlowState::recent_counts`].
+    #[prost(uint64, tag = "5")]
+    pub recent_from_ms: u64,
+    /// Dispatches per [`RECENT_BUCKET_MS`] from `recent_from_ms`, oldest first, within
+    /// [`RECENT_WINDOW_MS`]: the load that scraped metrics cannot show yet. At most
+    /// `RECENT_WINDOW_MS / RECENT_BUCKET_MS` small counts, whatever the rate.
+    #[prost(uint32, repeated, tag = "6")]
+    pub recent_counts: Vec<u32>,
 }
 
-/// Most recent dispatch times kept.
-pub const RECENT_DISPATCHES: usize = 512;
-/// How far back recent dispatch times are kept (ms).
+/// How far back dispatches are counted (ms).
 pub const RECENT_WINDOW_MS: u64 = 2_000;
+/// Dispatches are counted per this many ms.
+pub const RECENT_BUCKET_MS: u64 = 5;
 
 /// A VM's dispatched requests and liveness.
 #[derive(Clone, PartialEq, Message)]
@@ -215,19 +221,62 @@ impl FlowState {
     }
 
     fn note_dispatch(&mut self, now_ms: u64) {
-        self.recent
-            .retain(|t| now_ms.saturating_sub(*t) < RECENT_WINDOW_MS);
-        if self.recent.len() >= RECENT_DISPATCHES {
-            self.recent.remove(0);
+        let bucket = now_ms - now_ms % RECENT_BUCKET_MS;
+        let oldest = now_ms.saturating_sub(RECENT_WINDOW_MS);
+        if self.recent_counts.is_empty() || bucket < self.recent_from_ms {
+            // First dispatch, or the clock went back: start again.
+            self.recent_counts.clear();
+            self.recent_from_ms = bucket;
         }
-        self.recent.push(now_ms);
+        // Buckets that ended before the window leave it.
+        let expired = (oldest.saturating_sub(self.recent_from_ms) / RECENT_BUCKET_MS) as usize;
+        if expired >= self.recent_counts.len() {
+            self.recent_counts.clear();
+            self.recent_from_ms = bucket;
+        } else if expired > 0 {
+            self.recent_counts.drain(..expired);
+            self.recent_from_ms += expired as u64 * RECENT_BUCKET_MS;
+        }
+        let index = ((bucket - self.recent_from_ms) / RECENT_BUCKET_MS) as usize;
+        if self.recent_counts.len() <= index {
+            self.recent_counts.resize(index + 1, 0);
+        }
+        if let Some(c) = self.recent_counts.get_mut(index) {
+            *c = c.saturating_add(1);
+        }
     }
 
-    /// Requests dispatched at or after `since_ms` (within the kept window): load that
-    /// metrics scraped at `since_ms` may not show yet (a dispatch in the scrape's own
-    /// millisecond counts: the gate errs on the side of not flooding).
+    /// A request dispatched at `dispatched_ms` finished, or never reached a server: it is
+    /// no longer load the metrics cannot see. It leaves the bucket it was counted in (or,
+    /// if that one is already empty, the nearest earlier one still counting).
+    pub fn forget_dispatch(&mut self, dispatched_ms: u64) {
+        if dispatched_ms < self.recent_from_ms {
+            return;
+        }
+        let Some(last) = self.recent_counts.len().checked_sub(1) else {
+            return;
+        };
+        let index = (((dispatched_ms - self.recent_from_ms) / RECENT_BUCKET_MS) as usize).min(last);
+        if let Some(c) = self
+            .recent_counts
+            .get_mut(..=index)
+            .and_then(|b| b.iter_mut().rev().take(3).find(|c| **c > 0))
+        {
+            *c -= 1;
+        }
+    }
+
+    /// Requests dispatched at or after `since_ms` and not finished (within the kept
+    /// window): load that metrics scraped at `since_ms` cannot show yet. Counted by bucket, so dispatches up
+    /// to [`RECENT_BUCKET_MS`] before `since_ms` count too: the gate errs on the side of
+    /// not flooding.
     pub fn dispatched_since(&self, since_ms: u64) -> u64 {
-        self.recent.iter().filter(|t| **t >= since_ms).count() as u64
+        self.recent_counts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.recent_from_ms + (*i as u64 + 1) * RECENT_BUCKET_MS > since_ms)
+            .map(|(_, c)| u64::from(*c))
+            .sum()
     }
 
     /// Requests dispatched and not finished, pool-wide.
@@ -621,8 +670,19 @@ mod tests {
             });
             assert_eq!(a, Admission::Dispatch);
         }
-        assert_eq!(s.recent.len(), RECENT_DISPATCHES);
+        // One count per bucket, whatever the rate.
+        assert_eq!(
+            s.recent_counts.len() as u64,
+            RECENT_WINDOW_MS.min(600) / RECENT_BUCKET_MS
+        );
         assert_eq!(s.dispatched_since(1_000 + 590), 10);
+        assert_eq!(s.dispatched_since(0), 600);
+        // Finished requests are no load the next scrape has to show.
+        for t in 590..595 {
+            s.forget_dispatch(1_000 + t);
+        }
+        assert_eq!(s.dispatched_since(1_000 + 590), 5);
+        assert_eq!(s.dispatched_since(0), 595);
         // Old dispatches leave the window.
         s.admit(
             1,
@@ -634,6 +694,7 @@ mod tests {
             &|_| 0.0,
             &|_| Vec::new(),
         );
-        assert_eq!(s.recent.len(), 1);
+        assert_eq!(s.recent_counts, [1]);
+        assert_eq!(s.dispatched_since(0), 1);
     }
 }

@@ -6,7 +6,8 @@
 //!   the reference's names (`inference_*`, and the llm-d router's `llm_d_epp_*` twins),
 //!   units (seconds, fractions) and bucket bounds, one series per pool aggregated over every
 //!   Envoy worker (each VM's [`recorder::Recorder`] is published to shared data).
-//! * **Envoy's stats** (`/stats/prometheus`), integers only. Proxy-Wasm metrics have no
+//! * **Envoy's stats** (`/stats/prometheus`), integers only (all but the per-request
+//!   size and duration histograms, [`Metric::envoy`]). Proxy-Wasm metrics have no
 //!   labels: Envoy recovers them from the stat name with the `stats_tags` rules in
 //!   `envoy/stats-tags.yaml`; each label is written as `;<label>=.=<value>;.;` after the
 //!   metric name, and the rule for `<label>` cuts that piece out and makes it a tag. The
@@ -101,6 +102,9 @@ pub struct Metric {
     pub buckets: &'static [f64],
     /// The llm-d router's name, exported beside this one.
     pub twin: Option<Twin>,
+    /// Whether it is also an Envoy stat. The per-request size and duration histograms are
+    /// on the filter's endpoint only: each would cost a host call per request.
+    pub envoy: bool,
 }
 
 const BASE: Metric = Metric {
@@ -111,6 +115,7 @@ const BASE: Metric = Metric {
     unit: Unit::Plain,
     buckets: &[],
     twin: None,
+    envoy: true,
 };
 
 /// The reference's scheduling-latency buckets (seconds), with finer ones below 100 µs
@@ -241,15 +246,17 @@ pub const OBJECTIVE_REQUEST_ERROR_TOTAL: Metric = Metric {
     ..BASE
 };
 
-/// Time from the request's arrival at the filter to the end of its response (seconds).
+/// Time from the request's arrival at the filter to the end of its response (recorded in
+/// microseconds).
 pub const OBJECTIVE_REQUEST_DURATION: Metric = Metric {
     name: "inference_objective_request_duration_seconds",
     kind: Kind::Histogram,
     labels: &["model_name", "target_model_name"],
-    help: "Time from routing a request to the end of its response.",
+    help: "Time from a request's arrival at the gateway to the end of its response.",
     unit: Unit::Micros,
     buckets: GEN_BUCKETS,
     twin: twin("llm_d_epp_request_duration_seconds"),
+    envoy: false,
 };
 
 /// Request body sizes (bytes).
@@ -260,6 +267,7 @@ pub const OBJECTIVE_REQUEST_SIZES: Metric = Metric {
     help: "Request body sizes in bytes.",
     buckets: REQUEST_SIZE_BUCKETS,
     twin: twin("llm_d_epp_request_size_bytes"),
+    envoy: false,
     ..BASE
 };
 
@@ -271,6 +279,7 @@ pub const OBJECTIVE_RESPONSE_SIZES: Metric = Metric {
     help: "Response body sizes in bytes.",
     buckets: RESPONSE_SIZE_BUCKETS,
     twin: twin("llm_d_epp_response_size_bytes"),
+    envoy: false,
     ..BASE
 };
 
@@ -351,6 +360,7 @@ pub const PLUGIN_DURATION: Metric = Metric {
     unit: Unit::Micros,
     buckets: SCHED_BUCKETS,
     twin: twin("llm_d_epp_plugin_duration_seconds"),
+    ..BASE
 };
 
 /// Entries in the prefix index.
@@ -452,6 +462,7 @@ pub const FLOW_QUEUE_DURATION: Metric = Metric {
     unit: Unit::Micros,
     buckets: FCQ_BUCKETS,
     twin: twin("llm_d_epp_flow_control_request_queue_duration_seconds"),
+    ..BASE
 };
 
 /// Requests by final flow-control outcome (llm-d router only).
@@ -471,6 +482,7 @@ pub const FLOW_ENQUEUE_DURATION: Metric = Metric {
     unit: Unit::Micros,
     buckets: SCHED_BUCKETS,
     twin: twin("llm_d_epp_flow_control_request_enqueue_duration_seconds"),
+    ..BASE
 };
 
 /// Time one dispatch cycle took (recorded in microseconds).
@@ -513,7 +525,8 @@ pub const FLOW_STALE_ENDPOINTS: Metric = Metric {
 // requests routed with a latency producer configured); durations in microseconds. The
 // predicted latencies have the llm-d router's twins; its one
 // `llm_d_epp_request_slo_violation_total` (TTFT and TPOT in one family) is not exported
-// yet: two metrics cannot share a twin family here.
+// yet: two metrics cannot share a twin family here. They are Envoy stats too (a host call
+// per request each), but only with a latency producer configured.
 
 /// Labels of the per-request latency metrics.
 const OBJECTIVE_LABELS: &[&str] = &["model_name", "target_model_name"];
@@ -537,6 +550,7 @@ pub const OBJECTIVE_TTFT: Metric = Metric {
     unit: Unit::Micros,
     buckets: TTFT_BUCKETS,
     twin: None,
+    envoy: true,
 };
 
 /// TTFT predicted at pick time for the endpoint chosen.
@@ -548,6 +562,7 @@ pub const OBJECTIVE_PREDICTED_TTFT: Metric = Metric {
     unit: Unit::Micros,
     buckets: TTFT_BUCKETS,
     twin: twin("llm_d_epp_request_predicted_ttft_seconds"),
+    envoy: true,
 };
 
 /// Observed time per output token (streamed responses).
@@ -559,6 +574,7 @@ pub const OBJECTIVE_TPOT: Metric = Metric {
     unit: Unit::Micros,
     buckets: TPOT_BUCKETS,
     twin: None,
+    envoy: true,
 };
 
 /// TPOT predicted at pick time for the endpoint chosen.
@@ -570,6 +586,7 @@ pub const OBJECTIVE_PREDICTED_TPOT: Metric = Metric {
     unit: Unit::Micros,
     buckets: TPOT_BUCKETS,
     twin: twin("llm_d_epp_request_predicted_tpot_seconds"),
+    envoy: true,
 };
 
 /// Requests whose observed TTFT exceeded their `x-llm-d-slo-ttft-ms`.

@@ -51,8 +51,11 @@ pub struct RequestMeta<'a> {
 
 /// The admission decision.
 pub enum Admit {
-    /// Route it now; `flow_controlled` when counted in flight by flow control.
+    /// Route it now; `flow_controlled` when counted in flight by flow control, which
+    /// dispatched it at `dispatched_ms`.
     Go {
+        /// When flow control dispatched it (ms; 0 when it did not).
+        dispatched_ms: u64,
         /// Counted by flow control (tell it when the request finishes).
         flow_controlled: bool,
         /// Token estimate.
@@ -217,6 +220,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
     let tokens = concurrency::estimate_tokens(req.bytes);
     let Some(rt) = vm::runtime() else {
         return Admit::Go {
+            dispatched_ms: 0,
             flow_controlled: false,
             tokens,
         };
@@ -238,6 +242,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         };
         return match legacy::admit(req.priority, saturation) {
             Ok(()) => Admit::Go {
+                dispatched_ms: 0,
                 flow_controlled: false,
                 tokens,
             },
@@ -318,6 +323,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
             outcome_label(Outcome::Dispatched);
             finalize(&rt, &waiting, Outcome::Dispatched, false, now_us);
             Admit::Go {
+                dispatched_ms: now_ms,
                 flow_controlled: true,
                 tokens,
             }
@@ -340,6 +346,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
             match outcome.error(control.budgets()) {
                 Some(e) => Admit::Reject(e),
                 None => Admit::Go {
+                    dispatched_ms: 0,
                     flow_controlled: false,
                     tokens,
                 },
@@ -349,11 +356,13 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
             // The shared state is unusable: serve rather than hold requests forever.
             log::error!("flow control state unavailable ({e:?}); admitting without it");
             Admit::Go {
+                dispatched_ms: 0,
                 flow_controlled: false,
                 tokens,
             }
         }
         None => Admit::Go {
+            dispatched_ms: 0,
             flow_controlled: false,
             tokens,
         },
@@ -374,7 +383,14 @@ pub fn finished(running: &Running, current: u32) {
     let loads = endpoint_loads(&rt);
     let grants = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
         s.finish(me, running.tokens, now_ms);
-        dispatch_cycle(&rt, &loads, s, now_ms)
+        if running.dispatched_ms > 0 {
+            s.forget_dispatch(running.dispatched_ms);
+        }
+        if s.queued(None) > 0 {
+            dispatch_cycle(&rt, &loads, s, now_ms)
+        } else {
+            Vec::new()
+        }
     });
     match grants {
         Ok(g) => deliver(&g, current),
@@ -387,8 +403,6 @@ fn dispatch_cycle(rt: &Runtime, loads: &PoolView, s: &mut FlowState, now_ms: u64
     let grants = s.dispatch(&rt.flow.control, now_ms, MAX_WAKES_PER_CALLBACK, &|s| {
         saturation(rt, loads, s, now_ms)
     });
-    let sat = reported(saturation(rt, loads, s, now_ms));
-    stats::set_value(&metrics::FLOW_POOL_SATURATION, &[&rt.pool.name], sat);
     stats::record(
         &metrics::FLOW_DISPATCH_CYCLE_DURATION,
         &[],
@@ -501,7 +515,9 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
     let give_back = |tokens: u64| {
         let now_ms = now_us / 1000;
         let _ = update(&HostStore, STATE_KEY, |s: &mut FlowState| {
-            s.finish(me, tokens, now_ms)
+            s.finish(me, tokens, now_ms);
+            // Granted moments ago, and it will not reach a server.
+            s.forget_dispatch(now_ms);
         });
     };
     if vm::with(|vm| vm.draining).unwrap_or(false) {
@@ -530,7 +546,10 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
             vm::with(|vm| {
                 vm.running.insert(
                     r.ctx,
-                    Running::new(endpoint, &w.route, w.tokens, true, host::clock_us()),
+                    Running {
+                        dispatched_ms: now_us / 1000,
+                        ..Running::new(endpoint, &w.route, w.tokens, true, w.enqueue_us)
+                    },
                 )
             });
         }

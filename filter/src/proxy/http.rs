@@ -125,15 +125,15 @@ impl Http {
         request: Option<&InferenceRequest>,
         flow_controlled: bool,
         tokens: u64,
+        dispatched_ms: u64,
     ) -> Action {
         let vm_id = vm::id();
         let model = input.model.as_str();
         match route::route(vm_id, self.id, &self.rt, input, request, tokens) {
             Ok(endpoint) => {
-                let running = Running::new(endpoint, input, tokens, flow_controlled, 0);
                 let running = Running {
-                    routed_us: host::clock_us(),
-                    ..running
+                    dispatched_ms,
+                    ..Running::new(endpoint, input, tokens, flow_controlled, self.received_us)
                 };
                 vm::with(|vm| vm.running.insert(self.id, running));
                 Action::Continue
@@ -141,7 +141,10 @@ impl Http {
             Err(e) => {
                 if flow_controlled {
                     // Give the flow-control slot back.
-                    let held = Running::new(String::new(), input, tokens, flow_controlled, 0);
+                    let held = Running {
+                        dispatched_ms,
+                        ..Running::new(String::new(), input, tokens, flow_controlled, 0)
+                    };
                     flow::finished(&held, self.id);
                 }
                 self.reject(&e, model)
@@ -157,8 +160,9 @@ impl Http {
         let Some(Some(done)) = vm::with(|vm| vm.running.remove(&self.id)) else {
             return;
         };
-        route::release(vm::id(), &done.endpoint, done.tokens);
-        route::finished(&done, self.response_bytes, host::clock_us());
+        let now_us = host::clock_us();
+        route::release(vm::id(), &done.endpoint, done.tokens, now_us);
+        route::finished(&done, self.response_bytes, now_us);
         if self.rt.scheduler.latency.is_some() {
             latency::finished(&self.rt, vm::id(), self.id, &done.model, &done.target);
         }
@@ -255,7 +259,7 @@ impl HttpContext for Http {
         if end_of_stream {
             // No body (GET /v1/models and the like): any endpoint will do.
             let input = self.route_input(None, "", 0);
-            return self.go(&input, None, false, 0);
+            return self.go(&input, None, false, 0, 0);
         }
         Action::Pause
     }
@@ -323,9 +327,16 @@ impl HttpContext for Http {
         };
         match flow::admit(self.id, &meta) {
             Admit::Go {
+                dispatched_ms,
                 flow_controlled,
                 tokens,
-            } => self.go(&input, Some(&request), flow_controlled, tokens),
+            } => self.go(
+                &input,
+                Some(&request),
+                flow_controlled,
+                tokens,
+                dispatched_ms,
+            ),
             Admit::Parked => {
                 // Envoy holds the body in the 16 KiB read slice it arrived in; a copy of
                 // the exact size makes a parked stream much cheaper to hold.

@@ -100,6 +100,11 @@ pub fn route(
         vm: vm_id,
         seed: routing::seed(ctx, vm_id, now),
         started_ns,
+        time_plugins: vm::with(|vm| {
+            vm.decisions += 1;
+            routing::times_plugins(vm.decisions - 1)
+        })
+        .unwrap_or(false),
     };
     let clock: &dyn Fn() -> u64 = &host::clock_ns;
     let discovery = rt.pool.discovery.is_some();
@@ -176,7 +181,7 @@ pub fn route(
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &primary));
     if let Err(status) = routed {
         log::error!("cannot set {DESTINATION}: status {status}");
-        release(vm_id, &primary, tokens);
+        release(vm_id, &primary, tokens, host::clock_us());
         return failed(&input.target, "the gateway could not route the request");
     }
     if let Some(p) = prefill {
@@ -239,7 +244,7 @@ fn fail_open(
     let routed = host::set_header(Map::RequestHeaders, DESTINATION, &pick)
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &pick));
     if routed.is_err() {
-        release(vm_id, &pick, tokens);
+        release(vm_id, &pick, tokens, host::clock_us());
         return None;
     }
     log::debug!("fail-open: no endpoint was chosen, sending to {pick}");
@@ -283,7 +288,7 @@ pub fn finished(done: &super::vm::Running, response_bytes: u64, now_us: u64) {
     stats::observe(
         &metrics::OBJECTIVE_REQUEST_DURATION,
         &[model, target],
-        now_us.saturating_sub(done.routed_us),
+        now_us.saturating_sub(done.received_us),
     );
     stats::observe(
         &metrics::OBJECTIVE_RESPONSE_SIZES,
@@ -293,8 +298,8 @@ pub fn finished(done: &super::vm::Running, response_bytes: u64, now_us: u64) {
 }
 
 /// Counts a request of `tokens` on `endpoint` as finished.
-pub fn release(vm: u64, endpoint: &str, tokens: u64) {
-    let now = host::clock_ms();
+pub fn release(vm: u64, endpoint: &str, tokens: u64, now_us: u64) {
+    let now = i64::try_from(now_us / 1_000).unwrap_or(i64::MAX);
     if let Err(e) = inflight::release(&HostStore, vm, endpoint, tokens, now) {
         log::warn!("in-flight release of {endpoint} failed: {e:?}");
     }

@@ -28,7 +28,8 @@ pub struct View {
 
 impl View {
     /// Rereads the snapshots (when their version moved) and, with discovery, the
-    /// discovered endpoints.
+    /// discovered endpoints. (Not throttled: a VM routing a request that another VM just
+    /// dispatched because an endpoint came back must see that endpoint too.)
     pub fn refresh(&mut self, discovery: bool) {
         match read::<Version>(&HostStore, VERSION_KEY) {
             Ok(Some(v)) if self.version != Some(v.version) => {

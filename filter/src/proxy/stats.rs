@@ -36,8 +36,8 @@ fn key(vm: u64) -> String {
     format!("epp.v1.metrics.{vm}")
 }
 
-/// Runs `f` with the recorder and this VM's Envoy stat id for the (capped) labels.
-fn with(metric: &Metric, values: &[&str], f: impl FnOnce(&mut Recorder, Vec<String>, Option<u32>)) {
+/// Runs `f` with the metrics state and this VM's Envoy stat id for the (capped) labels.
+fn with(metric: &Metric, values: &[&str], f: impl FnOnce(&mut Stats, Vec<String>, Option<u32>)) {
     STATS.with(|cell| {
         let Ok(mut stats) = cell.try_borrow_mut() else {
             log::error!("internal: nested access to the metrics");
@@ -45,6 +45,10 @@ fn with(metric: &Metric, values: &[&str], f: impl FnOnce(&mut Recorder, Vec<Stri
         };
         let stats = &mut *stats;
         let labels = stats.recorder.labels(metric, values);
+        if !metric.envoy {
+            f(stats, labels, None);
+            return;
+        }
         let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
         let name = metric.stat_name(&refs);
         let id = match stats.ids.get(&name) {
@@ -67,14 +71,14 @@ fn with(metric: &Metric, values: &[&str], f: impl FnOnce(&mut Recorder, Vec<Stri
                 }
             }
         };
-        f(&mut stats.recorder, labels, id);
+        f(stats, labels, id);
     });
 }
 
 /// Adds `delta` (in the metric's recorded unit) to a counter or gauge.
 pub fn add(metric: &Metric, values: &[&str], delta: i64) {
-    with(metric, values, |rec, labels, id| {
-        rec.add(metric, labels, delta);
+    with(metric, values, |stats, labels, id| {
+        stats.recorder.add(metric, labels, delta);
         if let Some(id) = id {
             if let Err(status) = host::increment_metric(id, delta) {
                 log::warn!("cannot update metric {}: status {status}", metric.name);
@@ -106,8 +110,8 @@ pub fn set_value(metric: &Metric, values: &[&str], value: f64) {
     } else {
         0
     };
-    with(metric, values, |rec, labels, id| {
-        rec.set(metric, labels, value, now);
+    with(metric, values, |stats, labels, id| {
+        stats.recorder.set(metric, labels, value, now);
         if let Some(id) = id {
             if let Err(status) = host::record_metric(id, raw) {
                 log::warn!("cannot record metric {}: status {status}", metric.name);
@@ -118,8 +122,8 @@ pub fn set_value(metric: &Metric, values: &[&str], value: f64) {
 
 /// Records a histogram observation in the metric's recorded unit.
 pub fn observe(metric: &Metric, values: &[&str], value: u64) {
-    with(metric, values, |rec, labels, id| {
-        rec.observe(metric, labels, value);
+    with(metric, values, |stats, labels, id| {
+        stats.recorder.observe(metric, labels, value);
         if let Some(id) = id {
             if let Err(status) = host::record_metric(id, value) {
                 log::warn!("cannot record metric {}: status {status}", metric.name);

@@ -56,18 +56,20 @@ pub struct Running {
     pub tokens: u64,
     /// Whether flow control counted it in flight (and must be told it finished).
     pub flow_controlled: bool,
-    /// When it was routed (µs).
-    pub routed_us: u64,
+    /// When its headers reached the filter (µs).
+    pub received_us: u64,
+    /// When flow control dispatched it (ms; 0 when it did not).
+    pub dispatched_ms: u64,
 }
 
 impl Running {
-    /// A request routed to `endpoint` at `now_us`.
+    /// A request received at `received_us`, routed to `endpoint`.
     pub fn new(
         endpoint: String,
         input: &super::route::RouteInput,
         tokens: u64,
         flow_controlled: bool,
-        now_us: u64,
+        received_us: u64,
     ) -> Self {
         Self {
             endpoint,
@@ -77,7 +79,8 @@ impl Running {
             priority: input.priority,
             tokens,
             flow_controlled,
-            routed_us: now_us,
+            received_us,
+            dispatched_ms: 0,
         }
     }
 }
@@ -115,6 +118,8 @@ pub struct Vm {
     pub model: Cache,
     /// Training samples not yet pushed to the shared queue.
     pub samples: Vec<Sample>,
+    /// Routing decisions made by this VM (plugins are timed in a sample of them).
+    pub decisions: u64,
     /// Whether the pool has endpoints, and since when (which queue-wait budget applies).
     pub regime: crate::flow_control::ttl::Regime,
 }

@@ -2,6 +2,7 @@
 //! injected faults, and the compiled-module cache.
 
 pub mod abi;
+pub mod calls;
 pub mod effects;
 pub mod faults;
 pub mod module;

@@ -1,8 +1,10 @@
 //! One VM: a wasmtime `Store` with an instance of the filter module, its contexts, and
 //! the per-VM host state the imports work on.
 
+use super::calls::CallCounts;
 use super::effects::{Effect, Outgoing};
 use super::faults::Faults;
+use super::lock;
 use super::shared::{MetricKind, Shared};
 use crate::world::clock::{Nanos, Rng};
 use std::collections::{BTreeMap, HashMap};
@@ -108,6 +110,10 @@ pub struct HostState {
     pub faults: Arc<Mutex<Faults>>,
     /// Process log.
     pub log: Arc<Mutex<Vec<LogLine>>>,
+    /// Calls across the VM boundary, process-wide.
+    pub calls: Arc<Mutex<CallCounts>>,
+    /// The import being served (bytes handed to the VM are counted under it).
+    pub import: &'static str,
     /// Virtual time of the current callback.
     pub now: Nanos,
     /// The root context id.
@@ -201,6 +207,8 @@ pub struct VmInit {
     pub faults: Arc<Mutex<Faults>>,
     /// Log.
     pub log: Arc<Mutex<Vec<LogLine>>>,
+    /// Call counts.
+    pub calls: Arc<Mutex<CallCounts>>,
     /// Clusters.
     pub clusters: Arc<Vec<Cluster>>,
     /// Callouts in flight.
@@ -349,6 +357,8 @@ impl Vm {
             shared: init.shared,
             faults: init.faults,
             log: init.log,
+            calls: init.calls,
+            import: "",
             now: 0,
             root_id: 0,
             current: 0,
@@ -430,6 +440,7 @@ impl Vm {
     }
 
     async fn invoke_ref(&mut self, cb: Callback) -> wasmtime::Result<i32> {
+        lock(&self.store.data().calls).call(cb.name());
         let s = &mut self.store;
         let b = |x: bool| i32::from(x);
         let i = |x: u32| x as i32;

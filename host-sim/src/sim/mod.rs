@@ -355,6 +355,12 @@ impl Sim {
         lock(&self.process.log).clone()
     }
 
+    /// Calls across the VM boundary so far (every VM): imports and callbacks, with the
+    /// bytes handed into the VMs.
+    pub fn host_calls(&self) -> crate::host::calls::CallCounts {
+        lock(&self.process.calls).clone()
+    }
+
     /// Invariant violations found so far.
     pub fn violations(&self) -> &[Violation] {
         &self.checks.violations

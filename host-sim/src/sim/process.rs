@@ -3,6 +3,7 @@
 
 use super::config::SimConfig;
 use crate::host::abi;
+use crate::host::calls::CallCounts;
 use crate::host::faults::Faults;
 use crate::host::module::{self, Compiled};
 use crate::host::shared::Shared;
@@ -24,6 +25,8 @@ pub(super) struct Process {
     pub(super) faults: Arc<Mutex<Faults>>,
     /// Every VM's log lines.
     pub(super) log: Arc<Mutex<Vec<LogLine>>>,
+    /// Calls across every VM's boundary.
+    pub(super) calls: Arc<Mutex<CallCounts>>,
     /// The clusters callouts may go to.
     pub(super) clusters: Arc<Vec<Cluster>>,
     /// Callouts in flight process-wide (the circuit breaker counts them).
@@ -41,6 +44,7 @@ impl Process {
             shared: Arc::default(),
             faults: Arc::default(),
             log: Arc::default(),
+            calls: Arc::default(),
             clusters: Arc::new(cfg.clusters.clone()),
             callouts_in_flight: Arc::default(),
         })
@@ -64,6 +68,7 @@ impl Process {
                 shared: self.shared.clone(),
                 faults: self.faults.clone(),
                 log: self.log.clone(),
+                calls: self.calls.clone(),
                 clusters: self.clusters.clone(),
                 callouts_in_flight: self.callouts_in_flight.clone(),
                 callout_limit: cfg.callout_limit,

@@ -6,17 +6,20 @@ bench-results/<UTC timestamp>-<subcommand>.md (common.write_result).
 
   bench.py overhead|quality|sched|overload|flow-control [--command TEXT] [options]
   bench.py quality-sim [--command TEXT] [quality-sim's own options]
+  bench.py breakdown [--command TEXT] [--candidate-wasm PATH [--candidate-label TEXT]]
+                     [host-calls' own options]
 
 Every subcommand but quality-sim accepts every option (scripts/bench all passes the same
 options to overhead, sched and quality) and uses the ones that concern it. Called by
 scripts/bench after it has built everything; not meant to be run directly.
 
 The benchmarks: overhead.py, quality.py, sched.py, overload.py, flow_control_bench.py,
-quality_sim.py; what they share: common.py.
+quality_sim.py, breakdown.py; what they share: common.py.
 """
 import argparse
 import sys
 
+import breakdown
 import common
 import flow_control_bench
 import overhead
@@ -135,8 +138,30 @@ def quality_sim_argv(argv):
     return command, rest
 
 
+def breakdown_options(argv):
+    """(the command line for the header, options) of `breakdown [--command TEXT]
+    [--candidate-wasm PATH] [--candidate-label TEXT] ARGS...`."""
+    command, o = "scripts/bench breakdown", breakdown.BreakdownOptions()
+    it = iter(argv)
+    for arg in it:
+        if arg == "--command":
+            command = next(it, command)
+        elif arg == "--candidate-wasm":
+            o.candidate_wasm = next(it, None)
+        elif arg == "--candidate-label":
+            o.candidate_label = next(it, "")
+        elif arg == "--no-append":
+            pass
+        else:
+            o.args.append(arg)
+    return command, o
+
+
 def parse(argv):
     """(subcommand, command line for the header, module, options)."""
+    if argv and argv[0] == "breakdown":
+        command, o = breakdown_options(argv[1:])
+        return "breakdown", command, breakdown, o
     if argv and argv[0] == "quality-sim":
         command, rest = quality_sim_argv(argv[1:])
         return "quality-sim", command, quality_sim, quality_sim.QualitySimOptions(rest)

@@ -1,5 +1,6 @@
 //! Arguments of a host call and the guest memory behind them.
 
+use crate::host::lock;
 use crate::host::vm::HostState;
 use anyhow::{anyhow, bail, Result};
 use wasmtime::{Caller, Val};
@@ -71,6 +72,12 @@ pub async fn give(c: C<'_, '_>, bytes: &[u8], ptr_ptr: u32, size_ptr: u32) -> Re
             .alloc
             .clone()
             .ok_or_else(|| anyhow!("no allocator"))?;
+        {
+            let h = c.data();
+            let mut calls = lock(&h.calls);
+            calls.bytes(h.import, bytes.len() as u64);
+            calls.call("proxy_on_memory_allocate");
+        }
         ptr = alloc.call_async(&mut *c, bytes.len() as i32).await? as u32;
         if ptr == 0 {
             bail!("proxy_on_memory_allocate({}) returned null", bytes.len());

@@ -216,6 +216,11 @@ pub fn linker(engine: &Engine, module: &Module) -> Result<Linker<HostState>> {
 /// Runs one host call: an injected fault if one fires, else the import's function.
 /// Returns the status (or WASI errno) the import answers with; `Err` traps the VM.
 async fn dispatch(imp: Imp, name: &'static str, c: C<'_, '_>, p: &[Val]) -> Result<u32> {
+    {
+        let h = c.data_mut();
+        h.import = name;
+        lock(&h.calls).call(name);
+    }
     match injected_fault(c.data(), name) {
         Some(FaultAction::Status(s)) => return Ok(s),
         Some(FaultAction::Trap) => bail!("injected fault: {name} trapped"),

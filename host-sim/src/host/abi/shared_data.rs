@@ -15,7 +15,10 @@ pub async fn get(c: C<'_, '_>, p: &[Val]) -> Result<u32> {
     let key = read_str(c, arg(p, 0), arg(p, 1))?;
     let got = {
         let h = c.data();
-        lock(&h.shared).get(&h.vm_id, &key)
+        let got = lock(&h.shared).get(&h.vm_id, &key);
+        let n = got.as_ref().map_or(0, |(v, _)| v.len() as u64);
+        lock(&h.calls).shared("get", &key, n);
+        got
     };
     match got {
         Some((v, cas)) => {
@@ -34,6 +37,7 @@ pub async fn set(c: C<'_, '_>, p: &[Val]) -> Result<u32> {
     let value = read(c, arg(p, 2), arg(p, 3))?;
     let cas = arg(p, 4);
     let h = c.data();
+    lock(&h.calls).shared("set", &key, value.len() as u64);
     Ok(match lock(&h.shared).set(&h.vm_id, &key, &value, cas) {
         SetResult::Ok => OK,
         SetResult::CasMismatch => CAS_MISMATCH,

@@ -1,0 +1,254 @@
+//! What one request costs at the VM boundary: every host call the filter makes and every
+//! callback Envoy makes into it, per request, with the bytes copied into the VM —
+//! deterministic (virtual time, the real release `.wasm`), so a change that adds a host
+//! call shows as a number, not as noise.
+//!
+//! `cargo run --release -p host-sim --bin host-calls -- [--flow-control] [--stream]
+//!  [--tokens N] [--prompt-kib K] [--queued Q] [--requests N] [--rate R] [--fields]
+//!  [--config JSON] [--wasm PATH]` (`--fields`: the size of the shared records mid-run, by
+//!  field; `--wasm`: another build of the filter, e.g. to compare before and after a change)
+//!
+//! Two runs of the same length in the same simulated Envoy (2 workers, 2 servers, metrics
+//! scraped every 50 ms): one with N requests at R per second (default 500), one with none; the
+//! difference divided by N is what a request costs (ticks, scrapes and lease renewals
+//! cancel out). `--queued Q` first parks Q requests behind a full pool (flow control,
+//! `maxConcurrency` 1 per server, long responses) so the per-request shared-data bytes
+//! show how the flow-control record grows with the backlog.
+
+use host_sim::world::upstream::Upstream;
+use host_sim::{ms, RequestSpec, Sim, SimConfig, SimpleUpstream, SEC};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+struct Args {
+    flow_control: bool,
+    stream: bool,
+    tokens: u32,
+    prompt_kib: usize,
+    queued: usize,
+    requests: usize,
+    rate: f64,
+    fields: bool,
+    wasm: Option<String>,
+    config: Option<Value>,
+}
+
+fn parse() -> anyhow::Result<Args> {
+    let mut a = Args {
+        flow_control: false,
+        stream: false,
+        tokens: 16,
+        prompt_kib: 0,
+        queued: 0,
+        requests: 500,
+        rate: 500.0,
+        fields: false,
+        wasm: None,
+        config: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| anyhow::anyhow!("{arg} needs a value"))
+        };
+        match arg.as_str() {
+            "--flow-control" => a.flow_control = true,
+            "--stream" => a.stream = true,
+            "--tokens" => a.tokens = value()?.parse()?,
+            "--prompt-kib" => a.prompt_kib = value()?.parse()?,
+            "--queued" => a.queued = value()?.parse()?,
+            "--requests" => a.requests = value()?.parse()?,
+            "--rate" => a.rate = value()?.parse()?,
+            "--fields" => a.fields = true,
+            "--wasm" => a.wasm = Some(value()?),
+            "--config" => a.config = Some(serde_json::from_str(&value()?)?),
+            other => anyhow::bail!("unknown argument {other} (see the file's doc comment)"),
+        }
+    }
+    if a.queued > 0 {
+        a.flow_control = true;
+    }
+    Ok(a)
+}
+
+const SERVERS: [&str; 2] = ["10.0.0.1:8000", "10.0.0.2:8000"];
+
+fn config(a: &Args) -> Value {
+    let mut c = a.config.clone().unwrap_or_else(|| json!({}));
+    c["pool"]["endpoints"] = json!(SERVERS);
+    if a.flow_control {
+        c["featureGates"] = json!(["flowControl"]);
+        if a.queued > 0 {
+            // One slot per server: the backlog waits behind two long requests.
+            c["plugins"] = json!([{"type": "concurrency-detector",
+                "parameters": {"maxConcurrency": 1, "concurrencyMode": "requests"}}]);
+            c["saturationDetector"] = json!({"pluginRef": "concurrency-detector"});
+        }
+    }
+    c
+}
+
+type Counts = BTreeMap<String, (u64, u64)>;
+
+/// Counts after `requests` measured requests (and the backlog), run to `end`: by call
+/// name, and by shared-data operation and key.
+fn run(a: &Args, requests: usize, end: u64) -> anyhow::Result<(Counts, Counts)> {
+    let mut cfg = SimConfig::new(&config(a).to_string()).workers(2).seed(7);
+    cfg.check_invariants = false;
+    if let Some(w) = &a.wasm {
+        cfg.wasm = w.into();
+    }
+    cfg.clusters.push(host_sim::host::vm::Cluster {
+        name: "epp-metrics".into(),
+        dst_header: "x-envoy-original-dst-host".into(),
+    });
+    let mut sim = Sim::new(cfg)?;
+    for s in SERVERS {
+        let server: Box<dyn Upstream> = Box::new(
+            SimpleUpstream::new(s)
+                .ttft(ms(2))
+                .itl(ms(1))
+                .max_running(1_000_000),
+        );
+        sim.add_endpoint(s, server);
+    }
+    let prompt = "lorem ipsum ".repeat(a.prompt_kib * 1024 / 12 + 1);
+    let mut specs = Vec::new();
+    // The backlog: two long requests take both slots, the rest wait behind them.
+    for i in 0..a.queued {
+        let tokens = if i < 2 { 100_000 } else { 1 };
+        specs.push(RequestSpec::completion("sim-model", "backlog", tokens, false).at(ms(200)));
+    }
+    let start = ms(500);
+    for i in 0..requests {
+        let spec =
+            RequestSpec::completion("sim-model", &format!("{i} {prompt}"), a.tokens, a.stream);
+        specs.push(spec.at(start + gap(a) * i as u64));
+    }
+    sim.add_requests(specs);
+    let mid = ms(500) + gap(a) * requests as u64 / 2;
+    sim.run_until(mid)?;
+    if a.fields {
+        for key in ["epp.v1.flow-control", "epp.v1.inflight"] {
+            if let Some(b) = sim.shared_data(key) {
+                println!(
+                    "{key} mid-run: {} bytes; by field (tag: count, bytes): {:?}",
+                    b.len(),
+                    fields(&b)
+                );
+            }
+        }
+    }
+    sim.run_until(end)?;
+    let counts = sim.host_calls();
+    let by_name = counts
+        .by_name
+        .into_iter()
+        .map(|(n, c)| (n.to_string(), (c.calls, c.bytes)))
+        .collect();
+    let by_key = counts
+        .shared_keys
+        .into_iter()
+        .map(|((op, key), c)| (format!("{op} {key}"), (c.calls, c.bytes)))
+        .collect();
+    Ok((by_name, by_key))
+}
+
+/// Prints `with − without`, per request; returns the total calls of the rows matching
+/// `callback` and of the others.
+fn table(with: &Counts, without: &Counts, n: f64, heading: &str) -> (f64, f64) {
+    println!("{heading:<40} {:>10} {:>14}", "calls", "bytes");
+    let (mut others, mut callbacks) = (0.0, 0.0);
+    for (name, (calls, bytes)) in with {
+        let (c0, b0) = without.get(name).copied().unwrap_or((0, 0));
+        let calls = calls.saturating_sub(c0) as f64 / n;
+        let bytes = bytes.saturating_sub(b0) as f64 / n;
+        if calls < 0.005 && bytes < 0.5 {
+            continue;
+        }
+        if name.starts_with("proxy_on_") {
+            callbacks += calls;
+        } else {
+            others += calls;
+        }
+        println!("{name:<40} {calls:>10.2} {bytes:>14.0}");
+    }
+    (others, callbacks)
+}
+
+/// A protobuf record's top-level fields: per tag, how many and how many bytes.
+fn fields(bytes: &[u8]) -> BTreeMap<u64, (u64, usize)> {
+    fn varint(b: &[u8], i: &mut usize) -> u64 {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let Some(byte) = b.get(*i) else { break };
+            *i += 1;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        v
+    }
+    let mut out = BTreeMap::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let start = i;
+        let key = varint(bytes, &mut i);
+        match key & 7 {
+            0 => {
+                varint(bytes, &mut i);
+            }
+            1 => i += 8,
+            2 => {
+                let n = varint(bytes, &mut i) as usize;
+                i += n;
+            }
+            5 => i += 4,
+            _ => break,
+        }
+        let e = out.entry(key >> 3).or_insert((0, 0));
+        e.0 += 1;
+        e.1 += i - start;
+    }
+    out
+}
+
+/// Time between two measured requests.
+fn gap(a: &Args) -> u64 {
+    (SEC as f64 / a.rate.max(0.001)) as u64
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = parse()?;
+    let end = ms(500) + gap(&a) * a.requests as u64 + 2 * SEC;
+    let with = run(&a, a.requests, end)?;
+    let without = run(&a, 0, end)?;
+    let n = a.requests as f64;
+    println!(
+        "per request ({} requests at {}/s{}{}{}, {} output tokens, prompt ~{} KiB):",
+        a.requests,
+        a.rate,
+        if a.flow_control { ", flow control" } else { "" },
+        if a.stream { ", streamed" } else { "" },
+        if a.queued > 0 {
+            format!(", {} queued", a.queued)
+        } else {
+            String::new()
+        },
+        a.tokens,
+        a.prompt_kib
+    );
+    let (host, callbacks) = table(&with.0, &without.0, n, "call (bytes: copied into the VM)");
+    println!("{:<40} {host:>10.2}", "= host calls");
+    println!("{:<40} {callbacks:>10.2}", "= callbacks (VM entries)");
+    println!();
+    table(
+        &with.1,
+        &without.1,
+        n,
+        "shared data (bytes: read or written)",
+    );
+    Ok(())
+}

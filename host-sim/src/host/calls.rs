@@ -1,0 +1,69 @@
+//! What crosses the VM boundary: how many times each import (host call) and each export
+//! (callback, including `proxy_on_memory_allocate` for every buffer the host hands over)
+//! was called over a run, and how many bytes each copied into the VM. Counted for every
+//! VM of the process; `scripts/bench breakdown` turns them into per-request figures.
+
+use std::collections::BTreeMap;
+
+/// Calls and bytes of one import or export.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    /// Times called.
+    pub calls: u64,
+    /// Bytes the host copied into the VM's memory for these calls.
+    pub bytes: u64,
+}
+
+/// Counts by import or export name.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CallCounts {
+    /// By name (`proxy_get_shared_data`, `proxy_on_request_body`, ...).
+    pub by_name: BTreeMap<&'static str, Count>,
+    /// Shared-data operations by (`get` or `set`, key with digits folded to `N`): calls,
+    /// and the bytes read or written.
+    pub shared_keys: BTreeMap<(&'static str, String), Count>,
+}
+
+impl CallCounts {
+    /// One call of `name`.
+    pub fn call(&mut self, name: &'static str) {
+        self.by_name.entry(name).or_default().calls += 1;
+    }
+
+    /// `bytes` copied into the VM for the current call of `name`.
+    pub fn bytes(&mut self, name: &'static str, bytes: u64) {
+        self.by_name.entry(name).or_default().bytes += bytes;
+    }
+
+    /// One shared-data `op` (`get` or `set`) of `bytes` on `key`.
+    pub fn shared(&mut self, op: &'static str, key: &str, bytes: u64) {
+        let folded: String = key
+            .chars()
+            .map(|c| if c.is_ascii_digit() { 'N' } else { c })
+            .collect::<String>()
+            .split("NN")
+            .collect::<Vec<_>>()
+            .join("N");
+        let c = self.shared_keys.entry((op, folded)).or_default();
+        c.calls += 1;
+        c.bytes += bytes;
+    }
+
+    /// Calls of every import (names not starting with `proxy_on_`).
+    pub fn host_calls(&self) -> u64 {
+        self.by_name
+            .iter()
+            .filter(|(n, _)| !n.starts_with("proxy_on_"))
+            .map(|(_, c)| c.calls)
+            .sum()
+    }
+
+    /// Calls of every export (`proxy_on_*`).
+    pub fn callbacks(&self) -> u64 {
+        self.by_name
+            .iter()
+            .filter(|(n, _)| n.starts_with("proxy_on_"))
+            .map(|(_, c)| c.calls)
+            .sum()
+    }
+}
