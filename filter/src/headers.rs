@@ -29,6 +29,12 @@ pub const OBJECTIVE: [&str; 2] = [
 ];
 /// The request's time-to-first-token objective in ms (GIE name, router name).
 pub const SLO_TTFT: [&str; 2] = ["x-slo-ttft-ms", "x-llm-d-slo-ttft-ms"];
+/// The request's time-per-output-token objective in ms (GIE name, router name).
+pub const SLO_TPOT: [&str; 2] = ["x-slo-tpot-ms", "x-llm-d-slo-tpot-ms"];
+/// Asks for (`true`) or declines (`false`) the SLO profile of `slo-aware-profile-handler`.
+pub const PREDICTION_BASED: &str = "x-prediction-based-scheduling";
+/// `true` declines the SLO profile (the later generation of [`PREDICTION_BASED`]).
+pub const PREDICTION_BASED_OFF: &str = "x-prediction-based-scheduling-off";
 /// Model rewrite (GIE name, router name).
 pub const MODEL_REWRITE: [&str; 2] = ["x-gateway-model-name-rewrite", "x-llm-d-model-name-rewrite"];
 /// The request's id: generated (a UUID) when the client sent none, as the reference does.
@@ -44,8 +50,8 @@ pub const RETRY_AFTER: &str = "retry-after";
 pub const ORIGINAL_DST_HOST: &str = "x-envoy-original-dst-host";
 
 /// Headers a client must not pass upstream or set itself: the gateway owns them (the
-/// subset hint and the rewrite headers are read first).
-pub const GATEWAY_OWNED: [&str; 11] = [
+/// subset hint, the rewrite, SLO and profile-selection headers are read first).
+pub const GATEWAY_OWNED: [&str; 17] = [
     DESTINATION,
     PRIMARY,
     PREFILLER,
@@ -57,6 +63,12 @@ pub const GATEWAY_OWNED: [&str; 11] = [
     FAIRNESS_ID[1],
     OBJECTIVE[0],
     OBJECTIVE[1],
+    SLO_TTFT[0],
+    SLO_TTFT[1],
+    SLO_TPOT[0],
+    SLO_TPOT[1],
+    PREDICTION_BASED,
+    PREDICTION_BASED_OFF,
 ];
 
 /// A request's headers as one read gave them (the proxy-wasm header-map encoding), looked

@@ -4,7 +4,8 @@
 //! * the **core**, every module but `proxy`, bottom to top: plain data (`endpoint`), the
 //!   configuration document (`config`), names and helpers (`headers`, `errors`, `rng`,
 //!   `metrics`, `openai`, `model_rewrite`), the shared-data port (`shared_store`), the
-//!   cross-worker records (`prefix`, `inflight`, `flow_control`), the data layer
+//!   cross-worker records (`prefix`, `inflight`, `flow_control`), the latency predictor
+//!   and SLO headroom (`latency`), the data layer
 //!   (`datalayer`), the scheduler and its plugins (`scheduler`), one request's routing
 //!   decision (`routing`), the plugin table (`registry`) and the loader (`runtime`). It
 //!   never calls `proxy_wasm`, builds natively and is unit-tested natively and as wasm32.
@@ -20,6 +21,7 @@ pub mod flow_control;
 pub mod headers;
 pub mod health;
 pub mod inflight;
+pub mod latency;
 pub mod metrics;
 pub mod model_rewrite;
 pub mod openai;

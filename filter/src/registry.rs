@@ -10,16 +10,18 @@ use crate::flow_control::config::STATIC_USAGE_LIMIT_POLICY;
 use crate::flow_control::fairness::{global_strict, round_robin};
 use crate::flow_control::ordering::{edf, fcfs, slo_deadline};
 use crate::flow_control::saturation::{concurrency, utilization, Detector};
+use crate::latency::{self, producer};
 use crate::prefix::{self, PrefixConfig};
 use crate::scheduler::filters::label_selector::{self, LabelSelector};
 use crate::scheduler::filters::prefix_affinity::{self, PrefixAffinity};
 use crate::scheduler::filters::roles::{self, Role as PdRole, RoleFilter};
 use crate::scheduler::filters::saturation;
-use crate::scheduler::handlers::{pd, single};
+use crate::scheduler::filters::slo_tier::{self, PassThrough, SloTier};
+use crate::scheduler::handlers::{pd, single, slo_aware};
 use crate::scheduler::pickers::{max_score, random, weighted_random};
 use crate::scheduler::scorers::{
-    kv_cache, lora_affinity, no_hit_lru, prefix_cache, queue, running_requests, session_affinity,
-    token_load,
+    kv_cache, latency as latency_scorer, lora_affinity, no_hit_lru, prefix_cache, queue,
+    running_requests, session_affinity, token_load,
 };
 use crate::scheduler::{Filter, Picker, Scorer};
 use crate::{inflight, openai};
@@ -51,6 +53,8 @@ pub enum Role {
     FlowPolicy,
     /// A request parser.
     Parser,
+    /// An admission check after predictions (`latency-slo-admitter`).
+    Admitter,
 }
 
 impl Role {
@@ -68,6 +72,7 @@ impl Role {
             Role::Detector => "saturation detector",
             Role::FlowPolicy => "flow-control policy",
             Role::Parser => "request parser",
+            Role::Admitter => "admitter",
         }
     }
 }
@@ -94,6 +99,12 @@ pub struct Built {
     /// Whether it reads prefix match information (the index is kept only if some
     /// plugin does).
     pub reads_prefix: bool,
+    /// The latency predictor's settings (a latency producer).
+    pub latency: Option<latency::Settings>,
+    /// It needs a latency producer (SLO filters, scorers, the admitter).
+    pub needs_latency: bool,
+    /// It is the SLO admitter.
+    pub slo_admitter: bool,
 }
 
 type Build = fn(&Value, &str) -> Result<Built, ConfigError>;
@@ -161,6 +172,22 @@ fn reading_prefix(mut b: Built) -> Built {
     b
 }
 
+fn needing_latency(mut b: Built) -> Built {
+    b.needs_latency = true;
+    b
+}
+
+fn latency_producer(v: &Value, p: &str, in_profiles: bool) -> Result<Built, ConfigError> {
+    let settings = latency::Settings::from_parameters(v, p)?;
+    let mut b = if in_profiles {
+        filter(PassThrough)
+    } else {
+        Built::default()
+    };
+    b.latency = Some(settings);
+    Ok(b)
+}
+
 fn prefix_scorer(v: &Value, path: &str) -> Result<Built, ConfigError> {
     let (s, config) = prefix_cache::PrefixCache::from_parameters(v, path)?;
     Ok(Built {
@@ -215,6 +242,17 @@ pub const TYPES: &[PluginType] = &[
         Params::new(Some(v), p, &["threshold"])?.non_negative("threshold", 1.0).map(|_| Built::default())
     }),
     t(openai::PARSER_TYPE, &[Parser], no_parameters),
+    t(producer::TYPE, &[Producer], |v, p| latency_producer(v, p, false)),
+    t(producer::TRACKER_TYPE, &[Producer, Filter], |v, p| latency_producer(v, p, true)),
+    t(slo_tier::TYPE, &[Filter], |v, p| Ok(needing_latency(filter(SloTier::from_parameters(v, p)?)))),
+    t(latency_scorer::TYPE, &[Scorer], |v, p| Ok(needing_latency(scorer(latency_scorer::Latency::from_parameters(v, p)?)))),
+    t(latency_scorer::SLO_SCORER, &[Scorer], |v, p| Ok(needing_latency(scorer(latency_scorer::Latency::from_parameters(v, p)?)))),
+    t(latency::ADMITTER_TYPE, &[Admitter], |v, p| {
+        Params::new(Some(v), p, &[])?;
+        Ok(Built { slo_admitter: true, ..needing_latency(Built::default()) })
+    }),
+    // Built by the runtime, which knows the profiles; only the fields here.
+    t(slo_aware::TYPE, &[Handler], |v, p| Params::new(Some(v), p, slo_aware::PARAMETERS).map(|_| Built::default())),
 ];
 
 /// The registered type called `name`.

@@ -17,10 +17,11 @@
 use crate::endpoint::Candidate;
 use crate::health;
 use crate::inflight;
+use crate::latency::Estimate;
 use crate::prefix::index::{PrefixIndex, PrefixMatch};
 use crate::prefix::shared::{self, Cursor};
 use crate::rng::Rng;
-use crate::scheduler::{PluginSample, Probe, Request, Scheduler};
+use crate::scheduler::{PluginSample, Probe, Request, ScheduleError, Scheduler};
 use crate::shared_store::{SharedStore, StoreError};
 
 /// What one routing decision needs besides the candidates.
@@ -65,6 +66,13 @@ pub enum Routed {
         disaggregated: bool,
         /// The primary's prefix match, when prefix plugins are configured.
         hit: Option<PrefixMatch>,
+        /// The primary's features and prediction, with a latency producer.
+        estimate: Option<Estimate>,
+    },
+    /// `latency-slo-admitter` refused a sheddable request (nothing counted): 429.
+    Shed {
+        /// Why, naming the objectives.
+        why: String,
     },
     /// Nothing was chosen (and nothing counted).
     None {
@@ -153,8 +161,10 @@ pub fn route(
                 prefill: d.prefill.and_then(address),
                 disaggregated: d.disaggregated,
                 hit: d.primary().and_then(|i| d.prefix.get(i).copied()),
+                estimate: d.primary().and_then(|i| d.estimates.get(i).cloned()),
             }
         }
+        Err(e @ ScheduleError::SloUnattainable { .. }) => Routed::Shed { why: e.to_string() },
         Err(e) => Routed::None {
             why: e.to_string(),
             pool: candidates.iter().map(|c| c.address.clone()).collect(),

@@ -124,7 +124,8 @@ fn a_client_cannot_choose_the_destination_itself() {
 }
 
 /// The headers a client sets to steer the gateway (objective, fairness id, rewrite,
-/// subset, in both generations of names) and the ones only the gateway may set are not
+/// subset, SLOs, profile selection, in both generations of names) and the ones only
+/// the gateway may set are not
 /// passed to the model server; the destination the server sees is the gateway's.
 #[test]
 fn the_gateways_headers_are_stripped_before_the_model_server() {
@@ -143,6 +144,12 @@ fn the_gateways_headers_are_stripped_before_the_model_server() {
         ),
         ("x-gateway-destination-endpoint-served", "1.2.3.4:5"),
         ("x-prefiller-host-port", "1.2.3.4:5"),
+        ("x-slo-ttft-ms", "500"),
+        ("x-llm-d-slo-ttft-ms", "500"),
+        ("x-slo-tpot-ms", "50"),
+        ("x-llm-d-slo-tpot-ms", "50.5"),
+        ("x-prediction-based-scheduling", "true"),
+        ("x-prediction-based-scheduling-off", "false"),
         (
             "x-gateway-destination-endpoint",
             servers[1].address.as_str(),
@@ -163,7 +170,7 @@ fn the_gateways_headers_are_stripped_before_the_model_server() {
         .unwrap_or_default()
         .split(',')
         .collect();
-    for (name, _) in &steering[..9] {
+    for (name, _) in &steering[..15] {
         assert!(!seen.contains(name), "{name} reached the server: {seen:?}");
     }
     assert!(seen.contains(&"x-client-own"), "{seen:?}");

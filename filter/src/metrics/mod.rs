@@ -530,6 +530,123 @@ pub const PASSIVE_HEALTH_EJECTIONS: Metric = Metric {
     ..BASE
 };
 
+// --- SLO-aware routing and the latency predictor -------------------------------------
+// Per request (recorded by the worker that served it, at the end of the stream, for
+// requests routed with a latency producer configured); durations in microseconds. The
+// predicted latencies have the llm-d router's twins; its one
+// `llm_d_epp_request_slo_violation_total` (TTFT and TPOT in one family) is not exported
+// yet: two metrics cannot share a twin family here. They are Envoy stats too (a host call
+// per request each), but only with a latency producer configured.
+
+/// Labels of the per-request latency metrics.
+const OBJECTIVE_LABELS: &[&str] = &["model_name", "target_model_name"];
+
+/// TTFT buckets (seconds): the reference's general latency buckets below 10 s, finer
+/// where interactive objectives sit.
+const TTFT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+];
+/// TPOT buckets (seconds).
+const TPOT_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0,
+];
+
+/// Observed time to first token (dispatch → first body chunk; → end when not streamed).
+pub const OBJECTIVE_TTFT: Metric = Metric {
+    name: "inference_objective_request_ttft_seconds",
+    kind: Kind::Histogram,
+    labels: OBJECTIVE_LABELS,
+    help: "Observed time to first token (to the end of the response when not streamed).",
+    unit: Unit::Micros,
+    buckets: TTFT_BUCKETS,
+    twin: None,
+    envoy: true,
+};
+
+/// TTFT predicted at pick time for the endpoint chosen.
+pub const OBJECTIVE_PREDICTED_TTFT: Metric = Metric {
+    name: "inference_objective_request_predicted_ttft_seconds",
+    kind: Kind::Histogram,
+    labels: OBJECTIVE_LABELS,
+    help: "Time to first token the latency predictor expected on the endpoint chosen.",
+    unit: Unit::Micros,
+    buckets: TTFT_BUCKETS,
+    twin: twin("llm_d_epp_request_predicted_ttft_seconds"),
+    envoy: true,
+};
+
+/// Observed time per output token (streamed responses).
+pub const OBJECTIVE_TPOT: Metric = Metric {
+    name: "inference_objective_request_tpot_seconds",
+    kind: Kind::Histogram,
+    labels: OBJECTIVE_LABELS,
+    help: "Observed time per output token of streamed responses.",
+    unit: Unit::Micros,
+    buckets: TPOT_BUCKETS,
+    twin: None,
+    envoy: true,
+};
+
+/// TPOT predicted at pick time for the endpoint chosen.
+pub const OBJECTIVE_PREDICTED_TPOT: Metric = Metric {
+    name: "inference_objective_request_predicted_tpot_seconds",
+    kind: Kind::Histogram,
+    labels: OBJECTIVE_LABELS,
+    help: "Time per output token the latency predictor expected on the endpoint chosen.",
+    unit: Unit::Micros,
+    buckets: TPOT_BUCKETS,
+    twin: twin("llm_d_epp_request_predicted_tpot_seconds"),
+    envoy: true,
+};
+
+/// Requests whose observed TTFT exceeded their `x-llm-d-slo-ttft-ms`.
+pub const OBJECTIVE_TTFT_SLO_VIOLATION: Metric = Metric {
+    name: "inference_objective_request_ttft_slo_violation_total",
+    labels: OBJECTIVE_LABELS,
+    help: "Requests whose observed time to first token exceeded their TTFT SLO.",
+    ..BASE
+};
+
+/// Requests whose observed TPOT exceeded their `x-llm-d-slo-tpot-ms`.
+pub const OBJECTIVE_TPOT_SLO_VIOLATION: Metric = Metric {
+    name: "inference_objective_request_tpot_slo_violation_total",
+    labels: OBJECTIVE_LABELS,
+    help: "Requests whose observed time per output token exceeded their TPOT SLO.",
+    ..BASE
+};
+
+// The predictor's health: set by the VM that trains, after each training tick;
+// `prediction` is `ttft` or `tpot`.
+
+/// Samples the model has been trained on.
+pub const PREDICTOR_SAMPLES: Metric = Metric {
+    name: "inference_extension_latency_predictor_samples",
+    kind: Kind::Level,
+    labels: &["prediction"],
+    help: "Samples the latency predictor has been trained on.",
+    ..BASE
+};
+
+/// The running mean absolute percentage error of the predictions used, in thousandths
+/// (exported as a fraction: 0.05 = 5 %).
+pub const PREDICTOR_ERROR: Metric = Metric {
+    name: "inference_extension_latency_predictor_error",
+    kind: Kind::Level,
+    labels: &["prediction"],
+    help: "Running mean absolute percentage error of the predictions routing used (fraction).",
+    unit: Unit::Thousandths,
+    ..BASE
+};
+
+/// When the model was last trained (ms since the Unix epoch, host clock).
+pub const PREDICTOR_TRAINED: Metric = Metric {
+    name: "inference_extension_latency_predictor_last_train_timestamp_ms",
+    kind: Kind::Level,
+    labels: &[],
+    help: "When the latency predictor was last trained (ms since the Unix epoch).",
+    ..BASE
+};
+
 /// Every metric the filter defines.
 pub const ALL: &[Metric] = &[
     SCHEDULER_ATTEMPTS,
@@ -561,6 +678,15 @@ pub const ALL: &[Metric] = &[
     FLOW_POOL_SATURATION,
     FLOW_STALE_ENDPOINTS,
     PASSIVE_HEALTH_EJECTIONS,
+    OBJECTIVE_TTFT,
+    OBJECTIVE_PREDICTED_TTFT,
+    OBJECTIVE_TPOT,
+    OBJECTIVE_PREDICTED_TPOT,
+    OBJECTIVE_TTFT_SLO_VIOLATION,
+    OBJECTIVE_TPOT_SLO_VIOLATION,
+    PREDICTOR_SAMPLES,
+    PREDICTOR_ERROR,
+    PREDICTOR_TRAINED,
 ];
 
 /// The metric of that name, if the filter defines it.

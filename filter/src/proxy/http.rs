@@ -11,21 +11,24 @@
 use super::flow::{self, Admit, RequestMeta};
 use super::route::RouteInput;
 use super::vm::{self, Running};
-use super::{host, host::Map, route, stats};
+use super::{host, host::Map, latency, route, stats};
 use crate::classify::classify;
 use crate::config::DEFAULT_FAIRNESS_ID;
 use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
 use crate::headers::{
-    HeaderMap, GATEWAY_OWNED, MODEL_REWRITE, REQUEST_ID, SERVED, SESSION_TOKEN, SLO_TTFT, SUBSET,
+    HeaderMap, GATEWAY_OWNED, MODEL_REWRITE, PREDICTION_BASED, PREDICTION_BASED_OFF, REQUEST_ID,
+    SERVED, SESSION_TOKEN, SLO_TPOT, SLO_TTFT, SUBSET,
 };
 use crate::health::Outcome;
+use crate::latency::Slo;
 use crate::metrics;
 use crate::model_rewrite;
 use crate::openai::{parse_request, Api, InferenceRequest};
 use crate::rng::Rng;
 use crate::runtime::Runtime;
+use crate::scheduler::handlers::slo_aware;
 use crate::scheduler::scorers::session_affinity;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -38,6 +41,8 @@ pub struct Http {
     fairness_id: String,
     objective: Option<String>,
     slo_ttft_ms: Option<u64>,
+    slo: Slo,
+    prediction_based: Option<bool>,
     received_us: u64,
     subset: Option<Vec<String>>,
     rewrite_header: Option<String>,
@@ -56,6 +61,8 @@ impl Http {
             fairness_id: DEFAULT_FAIRNESS_ID.to_string(),
             objective: None,
             slo_ttft_ms: None,
+            slo: Slo::default(),
+            prediction_based: None,
             received_us: 0,
             subset: None,
             rewrite_header: None,
@@ -95,6 +102,9 @@ impl Http {
             body_bytes,
             subset: self.subset.clone(),
             session: self.session.clone(),
+            slo: self.slo,
+            prediction_based: self.prediction_based,
+            streaming: request.is_some_and(|r| r.stream),
         }
     }
 
@@ -161,6 +171,9 @@ impl Http {
             outcome.map(|o| (o, health)),
         );
         route::finished(&done, self.response_bytes, now_us);
+        if self.rt.scheduler.latency.is_some() {
+            latency::finished(&self.rt, vm::id(), self.id, &done.model, &done.target);
+        }
         flow::finished(&done, self.id);
     }
 }
@@ -228,6 +241,14 @@ impl HttpContext for Http {
         self.fairness_id = classified.fairness_id;
         self.objective = classified.objective;
         self.slo_ttft_ms = slo_deadline::parse_header(headers.first(&SLO_TTFT));
+        self.slo = Slo {
+            ttft_ms: Slo::parse(headers.first(&SLO_TTFT)),
+            tpot_ms: Slo::parse(headers.first(&SLO_TPOT)),
+        };
+        self.prediction_based = slo_aware::parse_headers(
+            headers.get(PREDICTION_BASED),
+            headers.get(PREDICTION_BASED_OFF),
+        );
         self.subset = headers.get(SUBSET).map(parse_subset);
         self.rewrite_header = headers.first(&MODEL_REWRITE).map(str::to_string);
         if self.rt.sessions {
@@ -349,6 +370,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if self.rt.scheduler.latency.is_some() {
+            latency::response_headers(self.id);
+        }
         // Passive health: the status (the server's, or Envoy's own reply for a refused
         // or reset connection or a timeout), reported when the request is released. One
         // host call, only when it is on.
@@ -394,6 +418,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.rt.scheduler.latency.is_some() {
+            latency::response_chunk(self.id, body_size, end_of_stream);
+        }
         // Envoy passes each chunk as it comes (nothing is buffered): the sizes add up.
         self.response_bytes = self
             .response_bytes

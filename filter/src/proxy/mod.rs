@@ -9,10 +9,13 @@
 //! * `scrape` — the lease holder's metrics scrapes, discovery and pool gauges (root tick).
 //! * `state` — this VM's view of shared state (prefix index, snapshots, discovered endpoints).
 //! * `store`, `stats` — shared data and metrics as the core needs them.
+//! * `latency` — the latency predictor's inputs at a pick, its ground truth on the
+//!   response path, its samples and training on the tick.
 
 mod flow;
 mod host;
 mod http;
+mod latency;
 mod root;
 mod route;
 mod scrape;

@@ -4,7 +4,7 @@
 //! callouts, and creates one [`Http`] context per request.
 
 use super::http::Http;
-use super::{flow, host, scrape, stats, store::HostStore, vm};
+use super::{flow, host, latency, scrape, stats, store::HostStore, vm};
 use crate::inflight;
 use crate::metrics;
 use crate::prefix::shared::HEAD_KEY;
@@ -19,6 +19,8 @@ use std::rc::Rc;
 const FLOW_TICK_MS: u64 = 20;
 /// Tick period when nothing else needs one: the liveness heartbeat of this VM's ledger row.
 const IDLE_TICK_MS: u64 = 1_000;
+/// Tick period with a latency producer: how often samples are pushed and trained on.
+const LATENCY_TICK_MS: u64 = 100;
 /// The ledger heartbeat is written at most this often.
 const HEARTBEAT_MS: i64 = 1_000;
 
@@ -120,6 +122,9 @@ impl RootContext for Root {
         if let Some(d) = &rt.pool.discovery {
             tick = tick.min(d.refresh_ms);
         }
+        if rt.scheduler.latency.is_some() {
+            tick = tick.min(LATENCY_TICK_MS);
+        }
         if let Err(status) = host::set_tick_period_ms(u32::try_from(tick.max(1)).unwrap_or(1_000)) {
             log::warn!("cannot set the tick period: status {status}");
         }
@@ -140,6 +145,7 @@ impl RootContext for Root {
         }
         if let Some(rt) = &self.runtime {
             scrape::tick(rt, id, now);
+            latency::tick(rt, id, now);
             if rt.pool.metrics_endpoint.is_some() {
                 stats::publish(id, now, false);
             }

@@ -6,12 +6,13 @@
 //! callback) and when flow control releases a parked request (from another context, with
 //! the stream made current; its body is read and parsed again then).
 
-use super::{host, host::Map, stats, store::HostStore, vm};
+use super::{host, host::Map, latency, stats, store::HostStore, vm};
 use crate::config::PassiveHealth;
 use crate::errors::ApiError;
 use crate::headers::{DESTINATION, DROPPED_REASON, PREFILLER, PRIMARY, RETRY_AFTER};
 use crate::health::Outcome;
 use crate::inflight;
+use crate::latency::Slo;
 use crate::metrics;
 use crate::openai::{parse_request, Api, InferenceRequest};
 use crate::prefix::shared;
@@ -38,6 +39,12 @@ pub struct RouteInput {
     pub subset: Option<Vec<String>>,
     /// `x-session-token`, if read.
     pub session: Option<String>,
+    /// The SLO headers.
+    pub slo: Slo,
+    /// `x-prediction-based-scheduling(-off)`.
+    pub prediction_based: Option<bool>,
+    /// `stream: true`.
+    pub streaming: bool,
 }
 
 fn failed(target: &str, why: &str) -> Result<String, ApiError> {
@@ -77,6 +84,7 @@ pub fn route(
         }
         _ => None,
     };
+    let view = latency::view(rt, now);
     let pick = Pick {
         request: Request {
             model: &input.target,
@@ -85,6 +93,10 @@ pub fn route(
             body_bytes: input.body_bytes,
             session_token: input.session.as_deref(),
             now_ms: now,
+            slo: input.slo,
+            priority: input.priority,
+            prediction_based: input.prediction_based,
+            latency: view.as_ref(),
         },
         tokens,
         vm: vm_id,
@@ -133,13 +145,24 @@ pub fn route(
             s.ns / 1_000,
         );
     }
-    let (targets, prefill, disaggregated, hit) = match outcome.routed {
+    let (targets, prefill, disaggregated, hit, estimate) = match outcome.routed {
         Routed::Chosen {
             targets,
             prefill,
             disaggregated,
             hit,
-        } => (targets, prefill, disaggregated, hit),
+            estimate,
+        } => (targets, prefill, disaggregated, hit, estimate),
+        Routed::Shed { why } => {
+            let error = ApiError {
+                status: 429,
+                kind: "rate_limit_error",
+                message: why,
+                param: None,
+                dropped: None,
+            };
+            return refused(&input.target, error);
+        }
         Routed::None { why, pool } => {
             let filtered_out = !pool.is_empty();
             if rt.pool.fail_open {
@@ -184,6 +207,16 @@ pub fn route(
     }
     stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], outcome.e2e_us);
     admitted(input, &primary);
+    latency::dispatched(
+        rt,
+        vm_id,
+        ctx,
+        &primary,
+        estimate,
+        input.slo,
+        input.streaming,
+        host::clock_us(),
+    );
     Ok(primary)
 }
 

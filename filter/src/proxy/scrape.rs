@@ -45,6 +45,12 @@ thread_local! {
     static SCRAPER: RefCell<Scraper> = RefCell::new(Scraper::default());
 }
 
+/// Whether this VM held the scrape lease at its last tick (it also trains the latency
+/// predictor).
+pub fn holds_lease() -> bool {
+    SCRAPER.with(|s| s.try_borrow().map(|s| s.holder).unwrap_or(false))
+}
+
 /// Gauges are refreshed at most this often.
 const GAUGE_PERIOD_MS: i64 = 1_000;
 

@@ -6,6 +6,8 @@
 use super::state::View;
 use super::{host, store::HostStore};
 use crate::flow_control::parked::Parked;
+use crate::latency::observe::Tracked;
+use crate::latency::{shared::Cache, Sample};
 use crate::prefix::index::PrefixIndex;
 use crate::prefix::shared::Cursor;
 use crate::runtime::Runtime;
@@ -113,6 +115,12 @@ pub struct Vm {
     pub plugin_vm_id: String,
     /// The plugin is shutting down: parked requests are being answered.
     pub draining: bool,
+    /// Requests observed for the latency predictor, by context id.
+    pub tracked: HashMap<u32, Tracked>,
+    /// This VM's copy of the published latency model.
+    pub model: Cache,
+    /// Training samples not yet pushed to the shared queue.
+    pub samples: Vec<Sample>,
     /// Routing decisions made by this VM (plugins are timed in a sample of them).
     pub decisions: u64,
     /// Whether the pool has endpoints, and since when (which queue-wait budget applies).

@@ -12,6 +12,7 @@ use crate::prefix::{self, PrefixConfig};
 use crate::registry::{self, Built, Role};
 use crate::scheduler::handlers::pd::Disagg;
 use crate::scheduler::handlers::single::{self, Single};
+use crate::scheduler::handlers::slo_aware::{self, SloAware};
 use crate::scheduler::handlers::Handler;
 use crate::scheduler::profile::{Named, WeightedScorer};
 use crate::scheduler::scorers::{prefix_cache, session_affinity};
@@ -39,10 +40,32 @@ pub fn build(doc: EndpointPickerConfig, resolved: Resolved) -> Result<Runtime, C
     }
     let profiles = profiles(&resolved, &built)?;
     let handler = handler(&resolved, &built)?;
+    let latency = resolved
+        .plugins
+        .iter()
+        .find_map(|p| built.get(p.name.as_str()).and_then(|b| b.latency.clone()));
+    if latency.is_none() {
+        if let Some((i, p)) = resolved
+            .plugins
+            .iter()
+            .enumerate()
+            .find(|(_, p)| built.get(p.name.as_str()).is_some_and(|b| b.needs_latency))
+        {
+            return Err(err(
+                &format!("plugins[{}].type", p.index.unwrap_or(i)),
+                format!(
+                    "{} needs latency predictions: declare a predicted-latency-producer (or slo-request-tracker) plugin",
+                    p.type_name
+                ),
+            ));
+        }
+    }
     let scheduler = Scheduler {
         profiles,
         handler,
         prefix: prefix_config(&resolved, &built),
+        slo_admitter: built.values().any(|b| b.slo_admitter),
+        latency,
     };
     let data_layer = data_layer(&resolved, &built);
     let flow = flow_settings(&doc, &resolved, &built)?;
@@ -131,6 +154,10 @@ fn handler(resolved: &Resolved, built: &BTreeMap<&str, Built>) -> Result<Handler
         return Ok(Handler::Single(Single));
     }
     let names: Vec<&str> = resolved.profiles.iter().map(|p| p.name.as_str()).collect();
+    if h.type_name == slo_aware::TYPE {
+        let handler = SloAware::from_parameters(&h.parameters, &params_path(h, i), &names)?;
+        return Ok(Handler::SloAware(handler));
+    }
     let disagg = Disagg::from_parameters(&h.parameters, &params_path(h, i), &names, |name| {
         built.get(name).and_then(|b| b.decider.clone())
     })?;

@@ -14,6 +14,7 @@ pub mod pickers;
 pub mod profile;
 pub mod scorers;
 
+use crate::latency::{self, Estimate, Prediction, Slo};
 use crate::prefix::hash::hash_prompt;
 use crate::prefix::index::{PrefixIndex, PrefixMatch};
 use crate::prefix::{PrefixConfig, CHARS_PER_TOKEN};
@@ -38,6 +39,14 @@ pub struct Request<'a> {
     pub session_token: Option<&'a str>,
     /// Now, in ms (for staleness checks).
     pub now_ms: i64,
+    /// The TTFT/TPOT objectives (SLO headers).
+    pub slo: Slo,
+    /// The objective's priority (negative: sheddable).
+    pub priority: i32,
+    /// `x-prediction-based-scheduling` (true) / `-off` (false), when sent.
+    pub prediction_based: Option<bool>,
+    /// The predictor's state and the SLO requests running (with a latency producer).
+    pub latency: Option<&'a latency::View>,
 }
 
 impl Request<'_> {
@@ -65,6 +74,9 @@ pub struct Cycle<'a> {
     pub candidates: &'a [Candidate],
     /// Prefix match per candidate (same order); empty when no prefix plugin is configured.
     pub prefix: &'a [PrefixMatch],
+    /// Features and predictions per candidate (same order); empty without a latency
+    /// producer.
+    pub estimates: &'a [Estimate],
 }
 
 impl Cycle<'_> {
@@ -76,6 +88,11 @@ impl Cycle<'_> {
     /// The prefix match of candidate `i` (zero when unknown).
     pub fn prefix_match(&self, i: usize) -> PrefixMatch {
         self.prefix.get(i).copied().unwrap_or_default()
+    }
+
+    /// The latency prediction for candidate `i`, once the predictor is ready.
+    pub fn prediction(&self, i: usize) -> Option<&Prediction> {
+        self.estimates.get(i).and_then(|e| e.prediction.as_ref())
     }
 }
 
@@ -197,6 +214,8 @@ pub struct Decision {
     pub block_size_tokens: u32,
     /// Whether P/D disaggregation was decided.
     pub disaggregated: bool,
+    /// Features and predictions per candidate (empty without a latency producer).
+    pub estimates: Vec<Estimate>,
 }
 
 impl Decision {
@@ -207,7 +226,7 @@ impl Decision {
 }
 
 /// Why no endpoint was chosen.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ScheduleError {
     /// No candidate endpoints at all.
     NoCandidates,
@@ -215,6 +234,12 @@ pub enum ScheduleError {
     NoEndpoints {
         /// The profile that failed.
         profile: String,
+    },
+    /// `latency-slo-admitter`: a sheddable request no endpoint is predicted to serve
+    /// within its objectives.
+    SloUnattainable {
+        /// The request's objectives.
+        slo: Slo,
     },
 }
 
@@ -226,6 +251,20 @@ impl std::fmt::Display for ScheduleError {
                 f,
                 "no model server endpoint is available (every endpoint was filtered out by profile \"{profile}\")"
             ),
+            ScheduleError::SloUnattainable { slo } => {
+                let mut parts = Vec::new();
+                if let Some(t) = slo.ttft_ms {
+                    parts.push(format!("TTFT {t} ms"));
+                }
+                if let Some(t) = slo.tpot_ms {
+                    parts.push(format!("TPOT {t} ms"));
+                }
+                write!(
+                    f,
+                    "no model server endpoint is predicted to meet this request's SLO ({}); sheddable request dropped",
+                    parts.join(", ")
+                )
+            }
         }
     }
 }
@@ -238,6 +277,10 @@ pub struct Scheduler {
     pub handler: Handler,
     /// Prefix parameters, when a plugin needs prefix match information.
     pub prefix: Option<PrefixConfig>,
+    /// The latency predictor's settings, when a latency producer is configured.
+    pub latency: Option<latency::Settings>,
+    /// `latency-slo-admitter`: sheddable requests no endpoint can serve are refused.
+    pub slo_admitter: bool,
 }
 
 impl Scheduler {
@@ -310,10 +353,29 @@ impl Scheduler {
             return Err(ScheduleError::NoCandidates);
         }
         let (hashes, prefix, block_size_tokens) = self.prepare(request, candidates, index);
+        let estimates = match &self.latency {
+            Some(settings) => latency::estimate(
+                settings,
+                request.latency,
+                request.input_tokens(),
+                request.slo,
+                candidates,
+                &prefix,
+            ),
+            None => Vec::new(),
+        };
+        if self.slo_admitter
+            && request.priority < 0
+            && request.slo.any()
+            && !latency::admits(&estimates, candidates)
+        {
+            return Err(ScheduleError::SloUnattainable { slo: request.slo });
+        }
         let cx = Cycle {
             request,
             candidates,
             prefix: &prefix,
+            estimates: &estimates,
         };
         let outcome = self.handler.run(self, &cx, rng, probe);
         probe.pause();
@@ -326,6 +388,7 @@ impl Scheduler {
             prefix,
             block_size_tokens,
             disaggregated: outcome.disaggregated,
+            estimates,
         })
     }
 
@@ -340,6 +403,7 @@ impl Scheduler {
             request,
             candidates,
             prefix: &decision.prefix,
+            estimates: &decision.estimates,
         };
         for p in &self.profiles {
             for s in &p.scorers {
@@ -388,6 +452,7 @@ pub mod testing {
             request: &request,
             candidates,
             prefix,
+            estimates: &[],
         };
         f(&cx)
     }
@@ -398,5 +463,7 @@ pub mod testing {
     }
 }
 
+#[cfg(test)]
+mod slo_tests;
 #[cfg(test)]
 mod tests;

@@ -37,6 +37,7 @@ fn scores_are_weighted_sums_as_in_the_reference_example() {
         request: &r,
         candidates: &c,
         prefix: &[],
+        estimates: &[],
     };
     let totals = s.profiles[0].scores(&cx, &[0, 1, 2], &mut Probe::new(None));
     // kv: 0.8, 1.0, 0.0; queue: (3-1)/2 = 1, 0, 0.5

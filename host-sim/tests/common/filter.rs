@@ -1,10 +1,12 @@
 //! What the tests read of the filter's internals: the shared-data records it keeps (the
-//! in-flight ledger, the flow-control record), its staleness bound, the name of the
+//! in-flight ledger, the flow-control record, the latency model), its staleness bound, the name of the
 //! cluster it scrapes through, and the name of its HTTP context type in backtraces.
 //! The one place to update if the filter moves them.
 
 use epp_filter::flow_control::state::{FlowState, STATE_KEY};
 use epp_filter::inflight::{Ledger, LEDGER_KEY};
+use epp_filter::latency::shared::MODEL_KEY;
+use epp_filter::latency::Model;
 use host_sim::host::vm::Cluster;
 use host_sim::{Sim, SimConfig};
 use prost::Message;
@@ -26,6 +28,13 @@ pub fn ledger(sim: &Sim) -> Ledger {
 pub fn flow_state(sim: &Sim) -> FlowState {
     sim.shared_data(STATE_KEY)
         .map(|b| FlowState::decode(b.as_slice()).expect("flow state decodes"))
+        .unwrap_or_default()
+}
+
+/// The latency predictor's published model (empty if never trained).
+pub fn latency_model(sim: &Sim) -> Model {
+    sim.shared_data(MODEL_KEY)
+        .map(|b| Model::decode(b.as_slice()).expect("latency model decodes"))
         .unwrap_or_default()
 }
 

@@ -6,8 +6,11 @@
 //! * [`prefix_affinity`] — `prefix-cache-affinity-filter`: keep sticky endpoints, with a
 //!   TTFT load gate and exploration.
 //! * [`saturation`] — the saturation detectors in their filter role.
+//! * [`slo_tier`] — `slo-headroom-tier-filter`: keep the endpoints predicted to meet the
+//!   request's objectives.
 
 pub mod label_selector;
 pub mod prefix_affinity;
 pub mod roles;
 pub mod saturation;
+pub mod slo_tier;

@@ -8,9 +8,12 @@
 //!   estimated TTFT among sticky endpoints is compared with the best among the others; if
 //!   it is worse by more than the penalty, stickiness is broken (everything is kept).
 //!
-//! The TTFT estimate is the router's `prefillThroughput` source: tokens in flight to the
-//! endpoint ÷ `peakPrefillThroughput` (tokens/s) × 1000 ms. (GIE's version reads latency
-//! predictions and without them its gate does nothing; this one always works.)
+//! The TTFT estimate is the router's `ttftSource`: `prefillThroughput` (default), tokens
+//! in flight to the endpoint ÷ `peakPrefillThroughput` (tokens/s) × 1000 ms; or
+//! `latencyPredictor`, the latency predictor's TTFT for the endpoint (needs a
+//! `predicted-latency-producer`; before the predictor is ready, and for endpoints without
+//! a prediction, the throughput estimate). (GIE's version reads latency predictions
+//! only, and without them its gate does nothing; this one always works.)
 //! Defaults are GIE's: threshold 0.80, exploration 0.01, penalty 5000 ms.
 
 use crate::config::validate::err;
@@ -36,6 +39,8 @@ pub struct PrefixAffinity {
     pub max_ttft_penalty_ms: f64,
     /// `peakPrefillThroughput`, tokens/s.
     pub peak_prefill_throughput: f64,
+    /// `ttftSource: latencyPredictor`.
+    pub use_predictor: bool,
 }
 
 impl Default for PrefixAffinity {
@@ -45,12 +50,18 @@ impl Default for PrefixAffinity {
             exploration: 0.01,
             max_ttft_penalty_ms: 5000.0,
             peak_prefill_throughput: DEFAULT_PEAK_PREFILL_THROUGHPUT,
+            use_predictor: false,
         }
     }
 }
 
 impl PrefixAffinity {
     fn ttft_ms(&self, cx: &Cycle<'_>, i: usize) -> f64 {
+        if self.use_predictor {
+            if let Some(p) = cx.prediction(i) {
+                return p.ttft_ms;
+            }
+        }
         let tokens = cx.candidate(i).map_or(0, |c| c.in_flight_tokens) as f64;
         tokens / self.peak_prefill_throughput * 1000.0
     }
@@ -105,7 +116,18 @@ impl PrefixAffinity {
                 format!("must be at most 1.0, got {threshold}"),
             ));
         }
-        p.only("ttftSource", "prefillThroughput")?;
+        let use_predictor = match p.string("ttftSource", "prefillThroughput")?.as_str() {
+            "prefillThroughput" => false,
+            "latencyPredictor" => true,
+            other => {
+                return Err(err(
+                    &p.path("ttftSource"),
+                    format!(
+                    "\"{other}\" is not a TTFT source; use prefillThroughput or latencyPredictor"
+                ),
+                ))
+            }
+        };
         let peak = p.f64("peakPrefillThroughput", DEFAULT_PEAK_PREFILL_THROUGHPUT)?;
         if peak <= 0.0 {
             return Err(err(&p.path("peakPrefillThroughput"), "must be positive"));
@@ -115,6 +137,7 @@ impl PrefixAffinity {
             exploration: p.unit("explorationProbability", 0.01)?,
             max_ttft_penalty_ms: p.non_negative("maxTTFTPenaltyMs", 5000.0)?,
             peak_prefill_throughput: peak,
+            use_predictor,
         })
     }
 }

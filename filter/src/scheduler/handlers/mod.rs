@@ -3,9 +3,12 @@
 //! * [`single`] — `single-profile-handler`: the one profile is the primary.
 //! * [`pd`] — `disagg-profile-handler`: decode (primary) then, if the decider approves,
 //!   prefill; the prefill endpoint goes in `x-prefiller-host-port`.
+//! * [`slo_aware`] — `slo-aware-profile-handler`: the SLO profile for requests that ask
+//!   for prediction-based scheduling, the default one for the others.
 
 pub mod pd;
 pub mod single;
+pub mod slo_aware;
 
 use super::{Cycle, Probe, ProfileResult, ScheduleError, Scheduler};
 use crate::rng::Rng;
@@ -28,6 +31,8 @@ pub enum Handler {
     Single(single::Single),
     /// `disagg-profile-handler`.
     Disagg(pd::Disagg),
+    /// `slo-aware-profile-handler`.
+    SloAware(slo_aware::SloAware),
 }
 
 impl Handler {
@@ -42,6 +47,7 @@ impl Handler {
         match self {
             Handler::Single(h) => h.run(scheduler, cx, rng, probe),
             Handler::Disagg(h) => h.run(scheduler, cx, rng, probe),
+            Handler::SloAware(h) => h.run(scheduler, cx, rng, probe),
         }
     }
 }

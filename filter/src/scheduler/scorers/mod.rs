@@ -10,8 +10,10 @@
 //! | `prefix-cache-scorer` | [`prefix_cache`] | `matchedBlocks / totalBlocks` |
 //! | `session-affinity-scorer` | [`session_affinity`] | 1 for the session's endpoint, else 0 |
 //! | `no-hit-lru-scorer` | [`no_hit_lru`] | cold requests spread to never/least recently used |
+//! | `latency-scorer` (`slo-scorer`) | [`latency`] | predicted headroom tiers; composite before the predictor is ready |
 
 pub mod kv_cache;
+pub mod latency;
 pub mod lora_affinity;
 pub mod no_hit_lru;
 pub mod prefix_cache;

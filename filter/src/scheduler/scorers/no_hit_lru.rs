@@ -136,6 +136,7 @@ mod tests {
             prefix: vec![],
             block_size_tokens: 16,
             disaggregated: false,
+            estimates: vec![],
         }
     }
 

@@ -117,6 +117,7 @@ mod tests {
             request: &request,
             candidates: &c,
             prefix: &[],
+            estimates: &[],
         };
         assert_eq!(SessionAffinity.score(&cx, &all(&c)), vec![0.0, 1.0, 0.0]);
         let none = Request::default();
@@ -124,6 +125,7 @@ mod tests {
             request: &none,
             candidates: &c,
             prefix: &[],
+            estimates: &[],
         };
         assert_eq!(SessionAffinity.score(&cx, &all(&c)), vec![0.0, 0.0, 0.0]);
     }
