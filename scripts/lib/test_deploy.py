@@ -271,6 +271,33 @@ class EnvoyGatewayFragments(unittest.TestCase):
         envoy_validate(self, bootstrap, "Envoy Gateway listener + EnvoyPatchPolicy")
 
 
+
+class PlainEnvoy(unittest.TestCase):
+    """envoy/plain: the local bootstrap with a DNS or a file-EDS pool, accepted by Envoy 1.40."""
+
+    def test_bootstrap_with_each_pool_source(self):
+        plain = os.path.join(ROOT, "envoy", "plain")
+        with tempfile.TemporaryDirectory() as tmp:
+            eds = os.path.join(tmp, "vllm.json")
+            with open(os.path.join(plain, "eds-example.json")) as src, open(eds, "w") as dst:
+                dst.write(src.read())
+            for name, cluster in [("pool-dns.yaml", "vllm-dns"), ("pool-eds.yaml", "vllm-eds")]:
+                config = os.path.join(tmp, "config.json")
+                with open(config, "w") as f:
+                    json.dump({"pool": {"name": "vllm", "discovery": {"cluster": cluster}}}, f)
+                r = subprocess.run([os.path.join(ROOT, "scripts", "lib", "render.py"), "--wasm", WASM,
+                                    "--config", config], capture_output=True, text=True, check=True)
+                bootstrap = yaml.safe_load(r.stdout)
+                with open(os.path.join(plain, name)) as f:
+                    clusters = yaml.safe_load(f)
+                for c in clusters:
+                    if "eds_cluster_config" in c:
+                        c["eds_cluster_config"]["eds_config"]["path_config_source"]["path"] = eds
+                        bootstrap["node"] = {"id": "epp-gateway", "cluster": "epp-gateway"}
+                bootstrap["static_resources"]["clusters"] += clusters
+                envoy_validate(self, bootstrap, f"envoy/bootstrap.yaml.in + {name}")
+
+
 VLLM_SIM = os.path.join(ROOT, "target", "release", "vllm-sim")
 
 
