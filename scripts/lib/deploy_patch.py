@@ -152,9 +152,15 @@ def gateway_listener(name, port, route_cluster, filters, per_route=None):
                                  "http_filters": filters + [copy.deepcopy(ROUTER)]}}]}]}
 
 
-def istio_gateway(wasm_path, eds_path, admin_port, listen_port=0):
+def istio_extra_stat_tags_rules(labels):
+    """The stats_tags rules Istio's bootstrap template writes for `extraStatTags: labels`."""
+    return [{"tag_name": label, "regex": r"(%s=\.=(.*?);\.;)" % label} for label in labels]
+
+
+def istio_gateway(wasm_path, eds_path, admin_port, listen_port=0, override=None):
     """An Istio gateway proxy's configuration for the Gateway + HTTPRoute of gateway.yaml,
-    with envoyfilter.yaml, the bootstrap override and the proxy-config annotations applied."""
+    with envoyfilter.yaml, the bootstrap override (or `override`) and the proxy-config
+    annotations applied."""
     ann = istio_gateway_annotations()
     proxy = json.loads(ann["proxy.istio.io/config"])
     buckets = json.loads(ann["sidecar.istio.io/statsHistogramBuckets"])
@@ -186,7 +192,7 @@ def istio_gateway(wasm_path, eds_path, admin_port, listen_port=0):
             "clusters": [eds_cluster(ISTIO_POOL, eds_path, "LEAST_REQUEST")],
         },
     }
-    merge(bootstrap, istio_bootstrap_override())
+    merge(bootstrap, istio_bootstrap_override() if override is None else override)
     apply_envoyfilter(bootstrap, istio_envoyfilter(), wasm_path)
     for c in bootstrap["static_resources"]["clusters"]:  # Istio's admin port is 15000
         if c["name"] == "epp-admin":

@@ -245,7 +245,7 @@ class IstioFragments(unittest.TestCase):
         bootstrap = deploy_patch.bare_bootstrap([value], ads=True)
         envoy_validate(self, bootstrap, "HTTP_FILTER value (config_discovery)")
 
-    def test_stats_tags_override_matches_the_bootstrap_rules(self):
+    def test_stats_settings_match_the_bootstrap_rules(self):
         with open(os.path.join(ROOT, "envoy", "stats-tags.yaml")) as f:
             self.assertEqual(deploy_patch.istio_bootstrap_override()["stats_config"]["stats_tags"],
                              yaml.safe_load(f))
@@ -269,6 +269,14 @@ class EnvoyGatewayFragments(unittest.TestCase):
     def test_patch_policy_on_an_envoy_gateway_shaped_bootstrap(self):
         bootstrap = deploy_patch.envoy_gateway(WASM, eds_path="/dev/null", admin_port=19000)
         envoy_validate(self, bootstrap, "Envoy Gateway listener + EnvoyPatchPolicy")
+
+    def test_envoyproxy_bootstrap_carries_the_stats_rules_and_buckets(self):
+        proxy = deploy_patch.eg_manifests()["EnvoyProxy"][0]
+        stats = yaml.safe_load(proxy["spec"]["bootstrap"]["value"])["stats_config"]
+        for key, name in [("stats_tags", "stats-tags.yaml"),
+                          ("histogram_bucket_settings", "histogram-buckets.yaml")]:
+            with open(os.path.join(ROOT, "envoy", name)) as f:
+                self.assertEqual(stats[key], yaml.safe_load(f), name)
 
 
 
@@ -437,6 +445,35 @@ class DataPlane(unittest.TestCase):
 
     def test_istio_gateway(self):
         self.run_plane(deploy_patch.istio_gateway, deploy_patch.ISTIO_POOL, "istio")
+
+    def test_istio_extra_stat_tags_would_mangle_the_names(self):
+        """Why envoy/istio uses a bootstrap override: Istio's extraStatTags rules (no leading
+        `;`) leave separators in the names and find `name` inside `model_name`."""
+        with open(os.path.join(ROOT, "envoy", "stats-tags.yaml")) as f:
+            labels = [t["tag_name"] for t in yaml.safe_load(f)]
+        override = {"stats_config": {"stats_tags": deploy_patch.istio_extra_stat_tags_rules(labels)}}
+        server = VllmSim()
+        tmp = tempfile.TemporaryDirectory()
+        envoy = None
+        try:
+            eds = os.path.join(tmp.name, "eds.json")
+            write_eds(eds, deploy_patch.ISTIO_POOL, [server.address])
+            admin, listen = deploy_patch.free_port(), deploy_patch.free_port()
+            envoy = deploy_patch.RunningEnvoy(deploy_patch.istio_gateway(
+                WASM, eds_path=eds, admin_port=admin, listen_port=listen, override=override),
+                "istio-extraStatTags", admin)
+            envoy.wait_ready()
+            deadline = time.time() + 15
+            while post(listen, "hello")[0] != 200:
+                self.assertLess(time.time(), deadline, envoy.log_text())
+                time.sleep(0.2)
+            prom = envoy.get("/stats/prometheus")
+            self.assertRegex(prom, r'(?m)^inference_objective_request_total__\{[^}]*name="sim-model"')
+        finally:
+            if envoy:
+                envoy.stop()
+            server.stop()
+            tmp.cleanup()
 
     def test_envoy_gateway(self):
         self.run_plane(deploy_patch.envoy_gateway, deploy_patch.EG_POOL, "envoy-gateway")
