@@ -121,7 +121,7 @@ fn bench(c: &mut Criterion) {
                 .expect("ledger");
                 // Release at once so the ledger stays at its steady-state size.
                 if let Some((ep, t)) = picked {
-                    inflight::release(&store, 1, &ep, t, 0).expect("release");
+                    inflight::release(&store, 1, &ep, t, 0, None).expect("release");
                 }
             })
         });

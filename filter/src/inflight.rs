@@ -14,6 +14,8 @@
 //! VMs refresh their row from their tick ([`heartbeat`]); rows with nothing in flight
 //! are removed, which keeps the record small.
 
+use crate::config::PassiveHealth;
+use crate::health::{self, EndpointHealth, Outcome};
 use crate::shared_store::{update, SharedStore, StoreError};
 use prost::Message;
 
@@ -32,6 +34,10 @@ pub struct Ledger {
     /// One row per worker VM with requests in flight.
     #[prost(message, repeated, tag = "1")]
     pub workers: Vec<WorkerRow>,
+    /// Passive health: endpoints with recent failures or ejections (`crate::health`),
+    /// written with the releases that report them, read by every pick.
+    #[prost(message, repeated, tag = "2")]
+    pub health: Vec<EndpointHealth>,
 }
 
 /// One VM's share of the in-flight requests.
@@ -167,18 +173,23 @@ pub fn acquire_with<R>(
     })
 }
 
-/// Counts one request of `tokens` on `endpoint` as finished for `vm`.
+/// Counts one request of `tokens` on `endpoint` as finished for `vm`, and records its
+/// outcome for passive health in the same write (`outcome`: `None` when not watched or
+/// unknown). Returns the ejection's length (ms) when this outcome ejected the endpoint.
 pub fn release(
     store: &impl SharedStore,
     vm: u64,
     endpoint: &str,
     tokens: u64,
     now_ms: i64,
-) -> Result<(), StoreError> {
+    outcome: Option<(Outcome, &PassiveHealth)>,
+) -> Result<Option<u64>, StoreError> {
     let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
     update(store, LEDGER_KEY, |ledger: &mut Ledger| {
         ledger.add_with_tokens(vm, endpoint, -1, -tokens, now_ms);
         ledger.drop_stale(now_ms);
+        outcome
+            .and_then(|(o, policy)| health::record(&mut ledger.health, endpoint, o, now_ms, policy))
     })
 }
 
@@ -256,7 +267,7 @@ mod tests {
         for _ in 0..3 {
             acquire(&s, 1, &EPS, 0, 0).unwrap();
         }
-        release(&s, 1, EPS[1], 0, 5).unwrap();
+        release(&s, 1, EPS[1], 0, 5, None).unwrap();
         assert_eq!(acquire(&s, 2, &EPS, 6, 0).unwrap().as_deref(), Some(EPS[1]));
     }
 
@@ -268,7 +279,7 @@ mod tests {
             held.push((i % 3, acquire(&s, i % 3, &EPS, 0, i).unwrap().unwrap()));
         }
         for (vm, ep) in held {
-            release(&s, vm, &ep, 0, 1).unwrap();
+            release(&s, vm, &ep, 0, 1, None).unwrap();
         }
         assert!(ledger(&s).workers.is_empty());
     }
@@ -317,16 +328,16 @@ mod tests {
             assert_eq!(got, if vm == 1 { (0, 0) } else { (1, 100) });
         }
         assert_eq!(ledger(&s).totals()[EPS[0]], (2, 200));
-        release(&s, 1, EPS[0], 100, 1).unwrap();
+        release(&s, 1, EPS[0], 100, 1, None).unwrap();
         assert_eq!(ledger(&s).totals()[EPS[0]], (1, 100));
-        release(&s, 2, EPS[0], 100, 1).unwrap();
+        release(&s, 2, EPS[0], 100, 1, None).unwrap();
         assert!(ledger(&s).workers.is_empty());
     }
 
     #[wasm_bindgen_test(unsupported = test)]
     fn a_release_never_goes_below_zero() {
         let s = MemoryStore::default();
-        release(&s, 1, EPS[0], 0, 0).unwrap();
+        release(&s, 1, EPS[0], 0, 0, None).unwrap();
         acquire(&s, 2, &EPS[..1], 0, 0).unwrap();
         assert_eq!(ledger(&s).in_flight(EPS[0]), 1);
     }

@@ -11,12 +11,14 @@
 //! * the **proxy** layer (`proxy/`, built only for `wasm32-wasip1`): maps Envoy's
 //!   callbacks onto the core and owns every host call. It holds no policy.
 
+pub mod classify;
 pub mod config;
 pub mod datalayer;
 pub mod endpoint;
 pub mod errors;
 pub mod flow_control;
 pub mod headers;
+pub mod health;
 pub mod inflight;
 pub mod metrics;
 pub mod model_rewrite;

@@ -8,10 +8,14 @@
 //! once; on every other worker through the shared log, `crate::prefix::shared`), and
 //! stateful scorers see the decision.
 //!
+//! Endpoints that passive health ejected (`crate::health`, recorded in the ledger) are
+//! left out of the pick unless every candidate is.
+//!
 //! No endpoint chosen → [`Routed::None`] with the reason; `pool.failOpen` then sends the
 //! request to any healthy endpoint ([`fail_open`]).
 
 use crate::endpoint::Candidate;
+use crate::health;
 use crate::inflight;
 use crate::prefix::index::{PrefixIndex, PrefixMatch};
 use crate::prefix::shared::{self, Cursor};
@@ -108,10 +112,13 @@ pub fn route(
                 c.in_flight = n;
                 c.in_flight_tokens = t;
             }
+            // Passive health: ejected endpoints at the end, out of this pick (unless
+            // all are); the decision's indices stay positions in `candidates`.
+            let live = health::partition(candidates, &ledger.health, pick.request.now_ms);
+            let eligible = candidates.get_mut(..live).unwrap_or_default();
             let mut rng = Rng::new(pick.seed);
             let mut probe = Probe::new(pick.time_plugins.then_some(clock));
-            let decision =
-                scheduler.schedule(&pick.request, candidates, index, &mut rng, &mut probe);
+            let decision = scheduler.schedule(&pick.request, eligible, index, &mut rng, &mut probe);
             let counted = decision
                 .as_ref()
                 .ok()
@@ -250,6 +257,60 @@ mod tests {
         };
         assert_ne!(t2[0], targets[0]);
         assert_eq!(in_flight(&store).len(), 2);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn an_ejected_endpoint_gets_no_pick_until_its_ejection_ends() {
+        let store = MemoryStore::default();
+        let rt = crate::runtime::load("").unwrap();
+        let policy = &rt.pool.passive_health;
+        let mut index = PrefixIndex::new();
+        let mut cands = candidates(2);
+        let bad = "10.0.0.1:8000";
+        // Five failures reported with their releases (any worker) eject it for 1 s.
+        let mut ejections = Vec::new();
+        for _ in 0..policy.consecutive_failures {
+            crate::inflight::acquire_with(&store, 1, 900, |_| (Some((bad.to_string(), 0)), ()))
+                .unwrap();
+            let failed = Some((crate::health::Outcome::Failure, policy));
+            ejections.push(crate::inflight::release(&store, 1, bad, 0, 900, failed).unwrap());
+        }
+        assert_eq!(ejections, [None, None, None, None, Some(1_000)]);
+        for vm in 1..=4 {
+            let Routed::Chosen { targets, .. } =
+                pick_once(&store, &rt.scheduler, &mut index, vm, "", &mut cands)
+            else {
+                panic!("nothing chosen");
+            };
+            assert_eq!(targets[0], "10.0.0.2:8000");
+        }
+        // At 1 900 ms the ejection is over: the idle endpoint wins again.
+        let pick = Pick {
+            request: Request {
+                now_ms: 1_900,
+                ..request("")
+            },
+            tokens: 0,
+            vm: 1,
+            seed: 7,
+            started_ns: 0,
+            time_plugins: false,
+        };
+        let routed = route(
+            &store,
+            &rt.scheduler,
+            &pick,
+            &mut cands,
+            &mut index,
+            &mut Cursor::default(),
+            &|| 0,
+        )
+        .unwrap()
+        .routed;
+        let Routed::Chosen { targets, .. } = routed else {
+            panic!("nothing chosen");
+        };
+        assert_eq!(targets[0], bad);
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -43,8 +43,9 @@ pub trait SharedStore {
 /// a handful of workers resolves in a few attempts; this bound keeps a callback's work finite.
 pub const MAX_CAS_ATTEMPTS: usize = 64;
 
-/// Reads the record at `key` (default when absent), applies `change`, and writes it back
-/// with CAS, retrying on a lost race. Returns what `change` returned on the attempt that won.
+/// Reads the record at `key` (default when absent or corrupt: a record that does not
+/// decode is replaced), applies `change`, and writes it back with CAS, retrying on a
+/// lost race. Returns what `change` returned on the attempt that won.
 ///
 /// Envoy cannot create a key conditionally (a write to a missing key always succeeds),
 /// so two first writers can race; create hot keys at configure time ([`ensure`]).
@@ -58,10 +59,15 @@ where
 {
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (mut record, cas) = match store.get(key)? {
-            Some(v) => (
-                M::decode(v.bytes.as_slice()).map_err(|_| StoreError::Corrupt)?,
-                v.cas,
-            ),
+            Some(v) => match M::decode(v.bytes.as_slice()) {
+                Ok(m) => (m, v.cas),
+                Err(_) => {
+                    // A corrupt or truncated record would fail every update forever:
+                    // start it afresh (the write replaces it with its CAS token).
+                    log::warn!("shared record {key} is corrupt; starting it afresh");
+                    (M::default(), v.cas)
+                }
+            },
             None => (M::default(), 0),
         };
         let result = change(&mut record);
@@ -202,5 +208,13 @@ mod tests {
         let s = MemoryStore::default();
         s.set("k", &[0xff, 0xff, 0xff], 0).unwrap();
         assert_eq!(read::<Counter>(&s, "k"), Err(StoreError::Corrupt));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn an_update_replaces_a_corrupt_record_instead_of_failing_forever() {
+        let s = MemoryStore::default();
+        s.set("k", &[0xff, 0xff, 0xff], 0).unwrap();
+        assert_eq!(update(&s, "k", |c: &mut Counter| c.n += 1), Ok(()));
+        assert_eq!(read::<Counter>(&s, "k"), Ok(Some(Counter { n: 1 })));
     }
 }

@@ -279,8 +279,9 @@ fn a_server_that_goes_away_resets_its_streams_and_fails_new_requests() {
             assert_eq!(o.status, Some(200));
         }
     }
-    // The filter keeps no health state: the dead endpoint has the fewest requests in
-    // flight, so it keeps being picked, and those requests fail.
+    // Two failures are fewer than passive health's 5 in a row: the dead endpoint has
+    // the fewest requests in flight, so it is still picked, and those requests fail
+    // (tests/passive_health.rs: ejected after 5).
     let later: Vec<_> = sim.outcomes()[4..]
         .iter()
         .map(|o| (o.endpoint.clone().unwrap(), o.status.unwrap()))
@@ -341,7 +342,10 @@ fn poisson_load_with_tenants_keeps_every_invariant() {
 #[test]
 fn a_slowed_server_gets_fewer_requests_and_a_failing_one_passes_its_errors_through() {
     let eps = endpoints(3);
-    let cfg = SimConfig::new(&filter_config(&eps, json!({})))
+    // The scorers alone: passive health (tests/passive_health.rs) would eject the
+    // failing server.
+    let pool = json!({"passiveHealth": {"consecutiveFailures": 0}});
+    let cfg = SimConfig::new(&filter_config(&eps, pool))
         .workers(4)
         .seed(21);
     let mut sim = sim_with(cfg, &eps, |a| {

@@ -40,6 +40,26 @@ fn a_violated_invariant_stops_the_run_naming_it_and_the_event() {
 }
 
 #[test]
+fn every_run_checks_its_invariants_unless_turned_off_explicitly() {
+    // Whatever the build profile: a release test run checks as much as a debug one.
+    let broken = |cfg: SimConfig| {
+        let eps = endpoints(1);
+        let mut sim = sim_with(cfg, &eps, SimpleUpstream::new);
+        sim.add_invariant(Invariant::new("never", |_| Err("broken".into())));
+        sim.add_requests([RequestSpec::completion(MODEL, "a", 2, false).at(ms(5))]);
+        sim.run().map_err(|e| e.to_string())
+    };
+    let eps = endpoints(1);
+    let on = broken(SimConfig::new(&filter_config(&eps, json!({})))).unwrap_err();
+    assert!(on.contains("invariant `never` violated"), "{on}");
+    // On: the run stops at the first event; off: only the end-of-run check sees it.
+    assert!(on.contains("at t=0 ns"), "{on}");
+    let off = broken(SimConfig::new(&filter_config(&eps, json!({}))).checks(false)).unwrap_err();
+    assert!(off.contains("invariant `never` violated"), "{off}");
+    assert!(!off.contains("at t=0 ns"), "{off}");
+}
+
+#[test]
 fn without_allow_on_headers_stop_iteration_a_post_hangs_and_is_reported_as_leaked() {
     // Envoy turns Pause in the request headers into StopAllIteration: the filter never
     // sees the body, the request hangs until the stream idle timeout.

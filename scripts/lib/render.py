@@ -4,11 +4,15 @@
 Used by scripts/run and by the end-to-end tests, so both run the same Envoy setup.
 
   render.py --wasm PATH --listen-port N --admin-port N [--config FILE]
-            [--endpoints ip:port,...] [--cluster NAME=ip:port,...] [--no-filter] > bootstrap.yaml
+            [--endpoints ip:port,...] [--cluster NAME=ip:port,...] [--no-filter]
+            [--pre-filter FILE] > bootstrap.yaml
 
 --config is the filter configuration: JSON, or YAML as in the reference's docs (a .yaml/.yml
 file, or anything that is not JSON), which the workspace's `epp-config` tool validates and
 turns into JSON (built on first use). --endpoints, when given, replaces its pool.endpoints.
+--pre-filter inserts the HTTP filters in FILE (YAML list items, indented as
+envoy/wasm-filter.yaml.in) before the picker: e.g. jwt_authn or header_to_metadata, whose
+results pool.classification reads.
 With pool.metricsEndpoint, a second listener on its port serves the filter's metrics
 (envoy/metrics-listener.yaml.in); port 0 there is replaced by a free port.
 A listener port 0 lets the kernel choose (read it back from the admin API); an admin port 0
@@ -37,6 +41,7 @@ def main():
     p.add_argument("--no-filter", action="store_true", help="plain Envoy, for comparisons")
     p.add_argument("--cluster", action="append", default=[],
                    help="an extra STATIC cluster NAME=ip:port,... (e.g. for pool.discovery)")
+    p.add_argument("--pre-filter", help="HTTP filters (YAML) to run before the picker")
     a = p.parse_args()
 
     config = {}
@@ -69,8 +74,11 @@ def main():
         return "\n".join("  " + line for line in read(name).splitlines()
                          if line.strip() and not line.startswith("#"))
     filters = ""
+    if a.pre_filter:
+        with open(a.pre_filter) as f:
+            filters = f.read().rstrip("\n") + "\n"
     if not a.no_filter:
-        filters = (read("wasm-filter.yaml.in")
+        filters += (read("wasm-filter.yaml.in")
                    .replace("{{PLUGIN_CONFIG}}", json.dumps(json.dumps(config)))
                    .replace("{{WASM}}", json.dumps(os.path.abspath(a.wasm)))
                    .rstrip("\n"))

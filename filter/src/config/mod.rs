@@ -13,12 +13,16 @@
 //! from it (`crate::runtime::load`). It is a leaf: it imports only the plain endpoint
 //! data (`crate::endpoint`).
 
+pub mod classification;
 pub mod epp;
+pub mod health;
 pub mod pool;
 pub mod quantity;
 pub mod validate;
 
+pub use classification::{Claim, Classification, Source, DEFAULT_FAIRNESS_ID};
 pub use epp::{PluginSpec, ProfilePlugin, ProfileSpec, SourceSpec};
+pub use health::PassiveHealth;
 pub use pool::{Pool, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_POOL_NAME};
 pub use validate::{ConfigError, Params};
 

@@ -1,7 +1,10 @@
 //! The `pool` section: what the reference keeps in Kubernetes objects (the
 //! `InferencePool`'s endpoints, `InferenceObjective`s, `InferenceModelRewrite`s) and the
-//! gateway-side choices (fail-open, body limit, discovery from Envoy's cluster membership).
+//! gateway-side choices (fail-open, body limit, discovery from Envoy's cluster membership,
+//! where a request's fairness id and objective may come from: [`super::classification`]).
 
+use super::classification::{parse_classification, Classification};
+use super::health::{parse_passive_health, PassiveHealth};
 use super::quantity::parse_duration_ms;
 use super::validate::{as_array, as_object, as_str, err, only_fields, ConfigError};
 use crate::endpoint::Endpoint;
@@ -89,6 +92,10 @@ pub struct Pool {
     pub discovery: Option<Discovery>,
     /// When no endpoint can be chosen, send the request to any healthy endpoint instead of 503.
     pub fail_open: bool,
+    /// Where a request's fairness id and objective come from (`classification`).
+    pub classification: Classification,
+    /// Outlier detection in the picker (`passiveHealth`).
+    pub passive_health: PassiveHealth,
     /// The filter's own metrics endpoint, if configured.
     pub metrics_endpoint: Option<MetricsEndpoint>,
 }
@@ -103,6 +110,8 @@ impl Default for Pool {
             model_rewrites: Vec::new(),
             discovery: None,
             fail_open: false,
+            classification: Classification::default(),
+            passive_health: PassiveHealth::default(),
             metrics_endpoint: None,
         }
     }
@@ -116,6 +125,8 @@ const POOL_FIELDS: &[&str] = &[
     "modelRewrites",
     "discovery",
     "failOpen",
+    "classification",
+    "passiveHealth",
     "metricsEndpoint",
 ];
 
@@ -184,6 +195,12 @@ pub fn parse_pool(v: &Value) -> Result<Pool, ConfigError> {
             };
             pool.objectives.push(Objective { name, priority });
         }
+    }
+    if let Some(c) = obj.get("classification") {
+        pool.classification = parse_classification(c, &pool.objectives)?;
+    }
+    if let Some(h) = obj.get("passiveHealth") {
+        pool.passive_health = parse_passive_health(h)?;
     }
     if let Some(list) = obj.get("modelRewrites") {
         for (i, item) in as_array(list, "pool.modelRewrites")?.iter().enumerate() {

@@ -38,10 +38,9 @@ pub fn try_acquire(
     ttl_ms: i64,
 ) -> Result<bool, StoreError> {
     let (lease, cas) = match store.get(LEASE_KEY)? {
-        Some(v) => (
-            Lease::decode(v.bytes.as_slice()).map_err(|_| StoreError::Corrupt)?,
-            v.cas,
-        ),
+        // A corrupt lease is taken over as an expired one (else nobody would scrape
+        // again).
+        Some(v) => (Lease::decode(v.bytes.as_slice()).unwrap_or_default(), v.cas),
         None => (Lease::default(), 0),
     };
     let mine = lease.holder == vm;
@@ -51,7 +50,11 @@ pub fn try_acquire(
     let next = Lease {
         holder: vm,
         expires_ms: now_ms.saturating_add(ttl_ms),
-        epoch: if mine { lease.epoch } else { lease.epoch + 1 },
+        epoch: if mine {
+            lease.epoch
+        } else {
+            lease.epoch.wrapping_add(1)
+        },
     };
     match store.set(LEASE_KEY, &next.encode_to_vec(), cas) {
         Ok(()) => Ok(true),

@@ -139,25 +139,19 @@ impl FlowControlConfig {
             max_requests: q(obj, "maxRequests", path)?.unwrap_or(0),
             ..Self::default()
         };
-        if let Some(v) = obj.get("defaultRequestTTL") {
-            let s = v.as_str().ok_or_else(|| {
-                err(
-                    "defaultRequestTTL",
-                    "must be a duration string such as \"30s\"".into(),
-                )
-            })?;
-            c.default_ttl_ms = parse_duration_ms(s).map_err(|r| err("defaultRequestTTL", r))?;
+        let duration = |field: &str| -> Result<Option<u64>, ConfigError> {
+            let Some(v) = obj.get(field) else {
+                return Ok(None);
+            };
+            let s = v
+                .as_str()
+                .ok_or_else(|| err(field, "must be a duration string such as \"30s\"".into()))?;
+            parse_duration_ms(s).map(Some).map_err(|r| err(field, r))
+        };
+        if let Some(ms) = duration("defaultRequestTTL")? {
+            c.default_ttl_ms = ms;
         }
-        if let Some(v) = obj.get("noEndpointRequestTTL") {
-            let s = v.as_str().ok_or_else(|| {
-                err(
-                    "noEndpointRequestTTL",
-                    "must be a duration string such as \"5m\"".into(),
-                )
-            })?;
-            c.no_endpoint_ttl_ms =
-                Some(parse_duration_ms(s).map_err(|r| err("noEndpointRequestTTL", r))?);
-        }
+        c.no_endpoint_ttl_ms = duration("noEndpointRequestTTL")?;
         if let Some(v) = obj.get("defaultPriorityBand") {
             c.default_band = parse_band(v, &format!("{path}.defaultPriorityBand"), false, &plugin)?;
         }

@@ -520,6 +520,16 @@ pub const FLOW_STALE_ENDPOINTS: Metric = Metric {
     ..BASE
 };
 
+/// Endpoints ejected by passive health (`pool.passiveHealth`), per endpoint (labels as
+/// [`SCHEDULER_ATTEMPTS`]'s). Not a reference metric.
+pub const PASSIVE_HEALTH_EJECTIONS: Metric = Metric {
+    name: "inference_extension_passive_health_ejections_total",
+    labels: &["pod_name", "namespace", "port"],
+    help:
+        "Endpoints ejected by passive health after consecutive 5xx answers or connection failures.",
+    ..BASE
+};
+
 /// Every metric the filter defines.
 pub const ALL: &[Metric] = &[
     SCHEDULER_ATTEMPTS,
@@ -550,6 +560,7 @@ pub const ALL: &[Metric] = &[
     FLOW_DISPATCH_CYCLE_DURATION,
     FLOW_POOL_SATURATION,
     FLOW_STALE_ENDPOINTS,
+    PASSIVE_HEALTH_EJECTIONS,
 ];
 
 /// The metric of that name, if the filter defines it.

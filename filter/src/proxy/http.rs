@@ -12,13 +12,15 @@ use super::flow::{self, Admit, RequestMeta};
 use super::route::RouteInput;
 use super::vm::{self, Running};
 use super::{host, host::Map, route, stats};
+use crate::classify::classify;
+use crate::config::DEFAULT_FAIRNESS_ID;
 use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
 use crate::headers::{
-    HeaderMap, FAIRNESS_ID, GATEWAY_OWNED, MODEL_REWRITE, OBJECTIVE, REQUEST_ID, SERVED,
-    SESSION_TOKEN, SLO_TTFT, SUBSET,
+    HeaderMap, GATEWAY_OWNED, MODEL_REWRITE, REQUEST_ID, SERVED, SESSION_TOKEN, SLO_TTFT, SUBSET,
 };
+use crate::health::Outcome;
 use crate::metrics;
 use crate::model_rewrite;
 use crate::openai::{parse_request, Api, InferenceRequest};
@@ -28,9 +30,6 @@ use crate::scheduler::scorers::session_affinity;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
-
-/// The flow of requests without a fairness id.
-pub const DEFAULT_FAIRNESS_ID: &str = "default-flow";
 
 pub struct Http {
     id: u32,
@@ -152,7 +151,15 @@ impl Http {
             return;
         };
         let now_us = host::clock_us();
-        route::release(vm::id(), &done.endpoint, done.tokens, now_us);
+        let health = &self.rt.pool.passive_health;
+        let outcome = Outcome::of_status(done.status).filter(|_| health.enabled());
+        route::release(
+            vm::id(),
+            &done.endpoint,
+            done.tokens,
+            now_us,
+            outcome.map(|o| (o, health)),
+        );
         route::finished(&done, self.response_bytes, now_us);
         flow::finished(&done, self.id);
     }
@@ -206,10 +213,20 @@ impl HttpContext for Http {
                 return serve_metrics();
             }
         }
-        if let Some(id) = headers.first(&FAIRNESS_ID) {
-            self.fairness_id = id.to_string();
+        // The flow, from the source `pool.classification` trusts (a host call only for
+        // a metadata / filter-state source).
+        let classified = classify(&self.rt.pool.classification, &headers, &mut |path| {
+            let path: Vec<&str> = path.iter().map(String::as_str).collect();
+            host::property(&path)
+                .ok()
+                .flatten()
+                .and_then(|b| String::from_utf8(b).ok())
+        });
+        if classified.refused_objective {
+            log::debug!("an objective outside pool.classification.objective.allowed was refused");
         }
-        self.objective = headers.first(&OBJECTIVE).map(str::to_string);
+        self.fairness_id = classified.fairness_id;
+        self.objective = classified.objective;
         self.slo_ttft_ms = slo_deadline::parse_header(headers.first(&SLO_TTFT));
         self.subset = headers.get(SUBSET).map(parse_subset);
         self.rewrite_header = headers.first(&MODEL_REWRITE).map(str::to_string);
@@ -332,9 +349,23 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(Some(endpoint)) =
-            vm::with(|vm| vm.running.get(&self.id).map(|r| r.endpoint.clone()))
-        else {
+        // Passive health: the status (the server's, or Envoy's own reply for a refused
+        // or reset connection or a timeout), reported when the request is released. One
+        // host call, only when it is on.
+        let status = if self.rt.pool.passive_health.enabled() {
+            host::header(Map::ResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| s.parse::<u16>().ok())
+        } else {
+            None
+        };
+        let Some(Some(endpoint)) = vm::with(|vm| {
+            vm.running.get_mut(&self.id).map(|r| {
+                r.status = status;
+                r.endpoint.clone()
+            })
+        }) else {
             return Action::Continue;
         };
         // The address Envoy actually connected to (after any retry); our pick otherwise.

@@ -7,8 +7,10 @@
 //! the stream made current; its body is read and parsed again then).
 
 use super::{host, host::Map, stats, store::HostStore, vm};
+use crate::config::PassiveHealth;
 use crate::errors::ApiError;
 use crate::headers::{DESTINATION, DROPPED_REASON, PREFILLER, PRIMARY, RETRY_AFTER};
+use crate::health::Outcome;
 use crate::inflight;
 use crate::metrics;
 use crate::openai::{parse_request, Api, InferenceRequest};
@@ -158,7 +160,7 @@ pub fn route(
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &primary));
     if let Err(status) = routed {
         log::error!("cannot set {DESTINATION}: status {status}");
-        release(vm_id, &primary, tokens, host::clock_us());
+        release(vm_id, &primary, tokens, host::clock_us(), None);
         return failed(&input.target, "the gateway could not route the request");
     }
     if let Some(p) = prefill {
@@ -211,7 +213,7 @@ fn fail_open(
     let routed = host::set_header(Map::RequestHeaders, DESTINATION, &pick)
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &pick));
     if routed.is_err() {
-        release(vm_id, &pick, tokens, host::clock_us());
+        release(vm_id, &pick, tokens, host::clock_us(), None);
         return None;
     }
     log::debug!("fail-open: no endpoint was chosen, sending to {pick}");
@@ -264,11 +266,28 @@ pub fn finished(done: &super::vm::Running, response_bytes: u64, now_us: u64) {
     );
 }
 
-/// Counts a request of `tokens` on `endpoint` as finished.
-pub fn release(vm: u64, endpoint: &str, tokens: u64, now_us: u64) {
+/// Counts a request of `tokens` on `endpoint` as finished at `now_us`, with its outcome
+/// for passive health (`None`: not watched, or no response); counts an ejection it caused.
+pub fn release(
+    vm: u64,
+    endpoint: &str,
+    tokens: u64,
+    now_us: u64,
+    outcome: Option<(Outcome, &PassiveHealth)>,
+) {
     let now = i64::try_from(now_us / 1_000).unwrap_or(i64::MAX);
-    if let Err(e) = inflight::release(&HostStore, vm, endpoint, tokens, now) {
-        log::warn!("in-flight release of {endpoint} failed: {e:?}");
+    match inflight::release(&HostStore, vm, endpoint, tokens, now, outcome) {
+        Ok(Some(ms)) => {
+            log::warn!("passive health: {endpoint} failed repeatedly; ejected for {ms} ms");
+            let (pod, namespace, port) = metrics::pod_labels(endpoint);
+            stats::add(
+                &metrics::PASSIVE_HEALTH_EJECTIONS,
+                &[pod, namespace, port],
+                1,
+            );
+        }
+        Ok(None) => {}
+        Err(e) => log::warn!("in-flight release of {endpoint} failed: {e:?}"),
     }
 }
 

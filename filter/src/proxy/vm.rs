@@ -54,6 +54,8 @@ pub struct Running {
     pub tokens: u64,
     /// Whether flow control counted it in flight (and must be told it finished).
     pub flow_controlled: bool,
+    /// The response status, when passive health watches responses.
+    pub status: Option<u16>,
     /// When its headers reached the filter (µs).
     pub received_us: u64,
     /// When flow control dispatched it (ms; 0 when it did not).
@@ -79,6 +81,7 @@ impl Running {
             flow_controlled,
             received_us,
             dispatched_ms: 0,
+            status: None,
         }
     }
 }

