@@ -39,7 +39,7 @@ ROOT = deploy_patch.ROOT
 WASM = os.path.join(ROOT, "target", "wasm32-wasip1", "release", "epp_filter.wasm")
 ENVOY = os.path.join(ROOT, ".venv", "bin", "envoy")
 SCHEMAS = os.path.join(os.path.dirname(ROOT), "shared", "reference", "schemas")
-MANIFEST_DIRS = [os.path.join(ROOT, "envoy", "istio"), os.path.join(ROOT, "envoy", "envoy-gateway")]
+MANIFEST_DIRS = [os.path.join(ROOT, "envoy", d) for d in ("istio", "envoy-gateway", "autoscaling")]
 
 # kind -> schema file; kinds without an upstream CRD here (core, Gateway API) are only parsed.
 SCHEMA_FILES = {
@@ -49,6 +49,7 @@ SCHEMA_FILES = {
     "BackendTrafficPolicy": "gateway.envoyproxy.io_backendtrafficpolicies.yaml",
     "EnvoyPatchPolicy": "gateway.envoyproxy.io_envoypatchpolicies.yaml",
     "InferencePool": "inference.networking.k8s.io_inferencepools.yaml",
+    "ScaledObject": "keda.sh_scaledobjects.yaml",
 }
 
 
@@ -197,8 +198,11 @@ class Schemas(unittest.TestCase):
         checked = 0
         for path, doc in manifests():
             kind = doc.get("kind")
+            if kind is None and "apiVersion" not in doc:
+                continue  # a configuration snippet (Prometheus, the adapter's rules), not an object
             if kind not in SCHEMA_FILES:
-                self.assertIn(kind, {"ConfigMap", "Gateway", "HTTPRoute", "Service", "Deployment", "EnvoyProxy"},
+                self.assertIn(kind, {"ConfigMap", "Gateway", "HTTPRoute", "Service", "Deployment", "EnvoyProxy",
+                                     "HorizontalPodAutoscaler"},
                               f"{path}: no schema for kind {kind}")
                 continue
             group, _, version = doc["apiVersion"].rpartition("/")
@@ -248,14 +252,15 @@ class IstioFragments(unittest.TestCase):
     def test_stats_settings_match_the_bootstrap_rules(self):
         with open(os.path.join(ROOT, "envoy", "stats-tags.yaml")) as f:
             self.assertEqual(deploy_patch.istio_bootstrap_override()["stats_config"]["stats_tags"],
-                             yaml.safe_load(f))
+                             yaml.safe_load(f), "run scripts/lib/sync_stats_rules.py")
         annotations = deploy_patch.istio_gateway_annotations()
         with open(os.path.join(ROOT, "envoy", "histogram-buckets.yaml")) as f:
             expected = {b["match"]["prefix"]: b["buckets"] for b in yaml.safe_load(f)}
-        self.assertEqual(json.loads(annotations["sidecar.istio.io/statsHistogramBuckets"]), expected)
+        self.assertEqual(json.loads(annotations["sidecar.istio.io/statsHistogramBuckets"]), expected,
+                         "run scripts/lib/sync_stats_rules.py")
 
     def test_wasmplugin_config_is_the_envoyfilter_config(self):
-        wp = [d for _, d in manifests() if d["kind"] == "WasmPlugin"][0]
+        wp = [d for _, d in manifests() if d.get("kind") == "WasmPlugin"][0]
         ef = deploy_patch.istio_envoyfilter()
         ext = [p["patch"]["value"] for p in ef["spec"]["configPatches"]
                if p["applyTo"] == "EXTENSION_CONFIG"][0]
@@ -276,7 +281,7 @@ class EnvoyGatewayFragments(unittest.TestCase):
         for key, name in [("stats_tags", "stats-tags.yaml"),
                           ("histogram_bucket_settings", "histogram-buckets.yaml")]:
             with open(os.path.join(ROOT, "envoy", name)) as f:
-                self.assertEqual(stats[key], yaml.safe_load(f), name)
+                self.assertEqual(stats[key], yaml.safe_load(f), f"{name}: run scripts/lib/sync_stats_rules.py")
 
 
 
