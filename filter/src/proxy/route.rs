@@ -207,16 +207,18 @@ pub fn route(
     }
     stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], outcome.e2e_us);
     admitted(input, &primary);
-    latency::dispatched(
-        rt,
-        vm_id,
-        ctx,
-        &primary,
-        estimate,
-        input.slo,
-        input.streaming,
-        host::clock_us(),
-    );
+    if rt.scheduler.latency.is_some() {
+        latency::dispatched(
+            rt,
+            vm_id,
+            ctx,
+            &primary,
+            estimate,
+            input.slo,
+            input.streaming,
+            host::clock_us(),
+        );
+    }
     Ok(primary)
 }
 
