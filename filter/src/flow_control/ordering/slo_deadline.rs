@@ -17,11 +17,12 @@ pub fn key(r: &OrderInputs) -> OrderKey {
     }
 }
 
-/// Reads the header value as the reference does: an integer ≥ 0, else none.
+/// Reads the header value: milliseconds ≥ 0, whole (the Inference Extension's form) or
+/// fractional (the llm-d router's, rounded up to the next millisecond); anything else is
+/// no SLO.
 pub fn parse_header(value: Option<&str>) -> Option<u64> {
-    value
-        .and_then(|v| v.trim().parse::<i64>().ok())
-        .and_then(|v| u64::try_from(v).ok())
+    let ms = value?.trim().parse::<f64>().ok()?;
+    (ms.is_finite() && ms >= 0.0).then(|| ms.ceil().min(u64::MAX as f64) as u64)
 }
 
 #[cfg(test)]
@@ -51,7 +52,10 @@ mod tests {
     fn header_values() {
         assert_eq!(parse_header(Some("250")), Some(250));
         assert_eq!(parse_header(Some("-5")), None);
-        assert_eq!(parse_header(Some("2.5")), None);
+        assert_eq!(parse_header(Some("2.5")), Some(3));
+        assert_eq!(parse_header(Some("NaN")), None);
+        assert_eq!(parse_header(Some("inf")), None);
+        assert_eq!(parse_header(Some("soon")), None);
         assert_eq!(parse_header(Some("")), None);
         assert_eq!(parse_header(None), None);
     }
