@@ -118,4 +118,12 @@ fn the_predictor_learns_from_the_streams_envoy_relays_and_exports_its_metrics() 
         ) == 1.0),
         "no TTFT SLO violation counted"
     );
+    // The reference's one family, by type.
+    assert_eq!(
+        sum(
+            &envoy.prometheus(),
+            "inference_objective_request_slo_violation_total"
+        ),
+        1.0
+    );
 }

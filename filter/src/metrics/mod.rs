@@ -599,6 +599,16 @@ pub const OBJECTIVE_PREDICTED_TPOT: Metric = Metric {
     envoy: true,
 };
 
+/// Requests whose observed latency exceeded their SLO, by `type` (`ttft` or `tpot`): the
+/// reference's one family (and the router's twin).
+pub const OBJECTIVE_SLO_VIOLATION: Metric = Metric {
+    name: "inference_objective_request_slo_violation_total",
+    labels: &["model_name", "target_model_name", "type"],
+    help: "Requests whose observed latency exceeded their SLO, by type (ttft, tpot).",
+    twin: twin("llm_d_epp_request_slo_violation_total"),
+    ..BASE
+};
+
 /// Requests whose observed TTFT exceeded their `x-llm-d-slo-ttft-ms`.
 pub const OBJECTIVE_TTFT_SLO_VIOLATION: Metric = Metric {
     name: "inference_objective_request_ttft_slo_violation_total",
@@ -682,6 +692,7 @@ pub const ALL: &[Metric] = &[
     OBJECTIVE_PREDICTED_TTFT,
     OBJECTIVE_TPOT,
     OBJECTIVE_PREDICTED_TPOT,
+    OBJECTIVE_SLO_VIOLATION,
     OBJECTIVE_TTFT_SLO_VIOLATION,
     OBJECTIVE_TPOT_SLO_VIOLATION,
     PREDICTOR_SAMPLES,

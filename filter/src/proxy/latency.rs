@@ -148,10 +148,20 @@ pub fn finished(rt: &Runtime, vm_id: u64, ctx: u32, model: &str, target: &str) {
         }
         if t.slo.tpot_ms.is_some_and(|slo| tpot > slo) {
             stats::add(&metrics::OBJECTIVE_TPOT_SLO_VIOLATION, &labels, 1);
+            stats::add(
+                &metrics::OBJECTIVE_SLO_VIOLATION,
+                &[model, target, "tpot"],
+                1,
+            );
         }
     }
     if t.slo.ttft_ms.is_some_and(|slo| truth.ttft_ms > slo) {
         stats::add(&metrics::OBJECTIVE_TTFT_SLO_VIOLATION, &labels, 1);
+        stats::add(
+            &metrics::OBJECTIVE_SLO_VIOLATION,
+            &[model, target, "ttft"],
+            1,
+        );
     }
     let sample = t.sample(truth);
     vm::with(|vm| {
