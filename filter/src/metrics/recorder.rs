@@ -8,7 +8,7 @@
 
 use super::{Kind, Metric};
 use prost::Message;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
 
 /// Distinct values a VM reports per client-chosen label family before the rest are
 /// reported as [`OTHER`]: `model_name` and `target_model_name` share one cap,
@@ -51,9 +51,16 @@ pub enum Value {
 /// One VM's metric values.
 #[derive(Debug, Default)]
 pub struct Recorder {
-    series: BTreeMap<(&'static str, Vec<String>), Value>,
+    /// Every series, in the order first recorded; [`Slot`]s index it.
+    series: Vec<(&'static str, Vec<String>, Value)>,
+    index: HashMap<(&'static str, Vec<String>), usize>,
     seen: [BTreeSet<String>; 2],
 }
+
+/// Where one series lives in a [`Recorder`]: a caller that keeps it updates the series
+/// with no lookup and no allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot(usize);
 
 impl Recorder {
     /// The label values to record under: a client-chosen value beyond the cap of its
@@ -80,45 +87,78 @@ impl Recorder {
             .collect()
     }
 
+    /// The series of `metric` with these (capped) label values, created empty if new.
+    pub fn slot(&mut self, metric: &Metric, labels: Vec<String>) -> Slot {
+        if let Some(i) = self.index.get(&(metric.name, labels.clone())) {
+            return Slot(*i);
+        }
+        let empty = match metric.kind {
+            Kind::Counter | Kind::Gauge => Value::Sum(0.0),
+            Kind::Level => Value::Level {
+                value: 0.0,
+                at_ms: 0,
+            },
+            Kind::Histogram => Value::Histogram {
+                counts: vec![0; metric.buckets.len() + 1],
+                sum: 0.0,
+            },
+        };
+        let i = self.series.len();
+        self.series.push((metric.name, labels.clone(), empty));
+        self.index.insert((metric.name, labels), i);
+        Slot(i)
+    }
+
+    fn value(&mut self, slot: Slot) -> Option<&mut Value> {
+        self.series.get_mut(slot.0).map(|(_, _, v)| v)
+    }
+
     /// Adds `raw` (in the metric's recorded unit) to a counter or gauge.
-    pub fn add(&mut self, metric: &Metric, labels: Vec<String>, raw: i64) {
-        let delta = raw as f64 * metric.unit.scale();
-        let entry = self
-            .series
-            .entry((metric.name, labels))
-            .or_insert(Value::Sum(0.0));
-        if let Value::Sum(v) = entry {
-            *v += delta;
+    pub fn add_at(&mut self, slot: Slot, metric: &Metric, raw: i64) {
+        if let Some(Value::Sum(v)) = self.value(slot) {
+            *v += raw as f64 * metric.unit.scale();
         }
     }
 
     /// Sets a gauge to `value` (in the exported unit) at `at_ms`.
-    pub fn set(&mut self, metric: &Metric, labels: Vec<String>, value: f64, at_ms: i64) {
-        self.series
-            .insert((metric.name, labels), Value::Level { value, at_ms });
+    pub fn set_at(&mut self, slot: Slot, value: f64, at_ms: i64) {
+        if let Some(v @ Value::Level { .. }) = self.value(slot) {
+            *v = Value::Level { value, at_ms };
+        }
     }
 
     /// Records one histogram observation of `raw` (in the metric's recorded unit).
-    pub fn observe(&mut self, metric: &Metric, labels: Vec<String>, raw: u64) {
+    pub fn observe_at(&mut self, slot: Slot, metric: &Metric, raw: u64) {
         let value = raw as f64 * metric.unit.scale();
         let bucket = metric
             .buckets
             .iter()
             .position(|bound| value <= *bound)
             .unwrap_or(metric.buckets.len());
-        let entry = self
-            .series
-            .entry((metric.name, labels))
-            .or_insert_with(|| Value::Histogram {
-                counts: vec![0; metric.buckets.len() + 1],
-                sum: 0.0,
-            });
-        if let Value::Histogram { counts, sum } = entry {
+        if let Some(Value::Histogram { counts, sum }) = self.value(slot) {
             if let Some(c) = counts.get_mut(bucket) {
                 *c += 1;
             }
             *sum += value;
         }
+    }
+
+    /// Adds `raw` to a counter or gauge, by labels.
+    pub fn add(&mut self, metric: &Metric, labels: Vec<String>, raw: i64) {
+        let slot = self.slot(metric, labels);
+        self.add_at(slot, metric, raw);
+    }
+
+    /// Sets a gauge, by labels.
+    pub fn set(&mut self, metric: &Metric, labels: Vec<String>, value: f64, at_ms: i64) {
+        let slot = self.slot(metric, labels);
+        self.set_at(slot, value, at_ms);
+    }
+
+    /// Records one histogram observation, by labels.
+    pub fn observe(&mut self, metric: &Metric, labels: Vec<String>, raw: u64) {
+        let slot = self.slot(metric, labels);
+        self.observe_at(slot, metric, raw);
     }
 
     /// Series held (for tests and the bound documentation).
@@ -138,7 +178,7 @@ impl Recorder {
             series: self
                 .series
                 .iter()
-                .map(|((name, labels), value)| {
+                .map(|(name, labels, value)| {
                     let mut s = WireSeries {
                         metric: (*name).to_string(),
                         labels: labels.clone(),

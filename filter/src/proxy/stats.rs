@@ -7,11 +7,12 @@
 
 use super::{host, store::HostStore, vm};
 use crate::metrics::exposition;
-use crate::metrics::recorder::{Record, Recorder};
+use crate::metrics::recorder::{Record, Recorder, Slot};
 use crate::metrics::{Kind, Metric};
 use crate::shared_store::read;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 
 /// How often a VM publishes its record.
 pub const PUBLISH_MS: i64 = 500;
@@ -21,13 +22,28 @@ const MAX_VMS: u64 = 1_024;
 struct Stats {
     recorder: Recorder,
     ids: HashMap<String, u32>,
+    /// Series already resolved, by a hash of (metric, raw label values): the recorder's
+    /// slot and the Envoy stat id, found again with no allocation.
+    cache: HashMap<u64, Resolved>,
     published_ms: i64,
 }
+
+struct Resolved {
+    metric: &'static str,
+    values: Vec<String>,
+    slot: Slot,
+    id: Option<u32>,
+}
+
+/// Resolved series kept at most (client-chosen label values vary without bound; the
+/// recorder's caps bound the series, this bounds the cache of raw values).
+const CACHE_MAX: usize = 4_096;
 
 thread_local! {
     static STATS: RefCell<Stats> = RefCell::new(Stats {
         recorder: Recorder::default(),
         ids: HashMap::new(),
+        cache: HashMap::new(),
         published_ms: i64::MIN,
     });
 }
@@ -36,49 +52,86 @@ fn key(vm: u64) -> String {
     format!("epp.v1.metrics.{vm}")
 }
 
-/// Runs `f` with the metrics state and this VM's Envoy stat id for the (capped) labels.
-fn with(metric: &Metric, values: &[&str], f: impl FnOnce(&mut Stats, Vec<String>, Option<u32>)) {
+fn hash(metric: &Metric, values: &[&str]) -> u64 {
+    let mut h = ahash::AHasher::default();
+    metric.name.hash(&mut h);
+    for v in values {
+        v.hash(&mut h);
+    }
+    h.finish()
+}
+
+/// Runs `f` with the metrics state, the series' slot in the recorder and this VM's
+/// Envoy stat id for the (capped) labels.
+fn with(metric: &Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slot, Option<u32>)) {
     STATS.with(|cell| {
         let Ok(mut stats) = cell.try_borrow_mut() else {
             log::error!("internal: nested access to the metrics");
             return;
         };
         let stats = &mut *stats;
-        let labels = stats.recorder.labels(metric, values);
-        if !metric.envoy {
-            f(stats, labels, None);
-            return;
-        }
-        let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
-        let name = metric.stat_name(&refs);
-        let id = match stats.ids.get(&name) {
-            Some(id) => Some(*id),
-            None => {
-                let kind = match metric.kind {
-                    Kind::Counter => 0,
-                    Kind::Gauge | Kind::Level => 1,
-                    Kind::Histogram => 2,
-                };
-                match host::define_metric(kind, &name) {
-                    Ok(id) => {
-                        stats.ids.insert(name, id);
-                        Some(id)
-                    }
-                    Err(status) => {
-                        log::warn!("cannot define metric {name}: status {status}");
-                        None
-                    }
-                }
+        let h = hash(metric, values);
+        if let Some(r) = stats.cache.get(&h) {
+            let same = r.metric == metric.name
+                && r.values.len() == values.len()
+                && r.values.iter().zip(values).all(|(a, b)| a == b);
+            if same {
+                let (slot, id) = (r.slot, r.id);
+                f(stats, slot, id);
+                return;
             }
+        }
+        let labels = stats.recorder.labels(metric, values);
+        let slot = stats.recorder.slot(metric, labels.clone());
+        let id = if metric.envoy {
+            envoy_id(stats, metric, &labels)
+        } else {
+            None
         };
-        f(stats, labels, id);
+        if stats.cache.len() >= CACHE_MAX {
+            stats.cache.clear();
+        }
+        stats.cache.insert(
+            h,
+            Resolved {
+                metric: metric.name,
+                values: values.iter().map(|v| v.to_string()).collect(),
+                slot,
+                id,
+            },
+        );
+        f(stats, slot, id);
     });
+}
+
+/// This VM's Envoy stat id for the capped labels, defined on first use.
+fn envoy_id(stats: &mut Stats, metric: &Metric, labels: &[String]) -> Option<u32> {
+    let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
+    let name = metric.stat_name(&refs);
+    if let Some(id) = stats.ids.get(&name) {
+        return Some(*id);
+    }
+    let kind = match metric.kind {
+        Kind::Counter => 0,
+        Kind::Gauge | Kind::Level => 1,
+        Kind::Histogram => 2,
+    };
+    match host::define_metric(kind, &name) {
+        Ok(id) => {
+            stats.ids.insert(name, id);
+            Some(id)
+        }
+        Err(status) => {
+            log::warn!("cannot define metric {name}: status {status}");
+            None
+        }
+    }
 }
 
 /// Adds `delta` (in the metric's recorded unit) to a counter or gauge.
 pub fn add(metric: &Metric, values: &[&str], delta: i64) {
-    with(metric, values, |stats, labels, id| {
-        stats.recorder.add(metric, labels, delta);
+    with(metric, values, |stats, slot, id| {
+        stats.recorder.add_at(slot, metric, delta);
         if let Some(id) = id {
             if let Err(status) = host::increment_metric(id, delta) {
                 log::warn!("cannot update metric {}: status {status}", metric.name);
@@ -110,8 +163,8 @@ pub fn set_value(metric: &Metric, values: &[&str], value: f64) {
     } else {
         0
     };
-    with(metric, values, |stats, labels, id| {
-        stats.recorder.set(metric, labels, value, now);
+    with(metric, values, |stats, slot, id| {
+        stats.recorder.set_at(slot, value, now);
         if let Some(id) = id {
             if let Err(status) = host::record_metric(id, raw) {
                 log::warn!("cannot record metric {}: status {status}", metric.name);
@@ -122,8 +175,8 @@ pub fn set_value(metric: &Metric, values: &[&str], value: f64) {
 
 /// Records a histogram observation in the metric's recorded unit.
 pub fn observe(metric: &Metric, values: &[&str], value: u64) {
-    with(metric, values, |stats, labels, id| {
-        stats.recorder.observe(metric, labels, value);
+    with(metric, values, |stats, slot, id| {
+        stats.recorder.observe_at(slot, metric, value);
         if let Some(id) = id {
             if let Err(status) = host::record_metric(id, value) {
                 log::warn!("cannot record metric {}: status {status}", metric.name);
