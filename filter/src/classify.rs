@@ -87,20 +87,7 @@ mod tests {
     use serde_json::json;
     use wasm_bindgen_test::wasm_bindgen_test;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
-        for (k, v) in pairs {
-            out.extend((k.len() as u32).to_le_bytes());
-            out.extend((v.len() as u32).to_le_bytes());
-        }
-        for (k, v) in pairs {
-            out.extend(k.as_bytes());
-            out.push(0);
-            out.extend(v.as_bytes());
-            out.push(0);
-        }
-        HeaderMap::decode(&out)
-    }
+    use crate::headers::testing::map as headers;
 
     fn classification(c: serde_json::Value) -> Classification {
         parse_pool(&json!({

@@ -144,12 +144,13 @@ impl HeaderMap {
     }
 }
 
+/// Test helpers: header maps in the proxy-wasm pair encoding.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use wasm_bindgen_test::wasm_bindgen_test;
+pub mod testing {
+    use super::HeaderMap;
 
-    fn encode(pairs: &[(&str, &str)]) -> Vec<u8> {
+    /// `pairs` in the proxy-wasm header-map encoding.
+    pub fn encode(pairs: &[(&str, &str)]) -> Vec<u8> {
         let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
         for (k, v) in pairs {
             out.extend((k.len() as u32).to_le_bytes());
@@ -163,6 +164,19 @@ mod tests {
         }
         out
     }
+
+    /// A [`HeaderMap`] of `pairs`.
+    pub fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        HeaderMap::decode(&encode(pairs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    use super::testing::encode;
 
     #[wasm_bindgen_test(unsupported = test)]
     fn reads_the_hosts_encoding() {
