@@ -199,7 +199,10 @@ fn the_autoscaling_queries_read_the_gateways_queue_and_running_requests() {
     let config = json!({
         "featureGates": ["flowControl"],
         "plugins": [{"type": "concurrency-detector",
-                     "parameters": {"maxConcurrency": 1, "concurrencyMode": "requests"}}],
+                     "parameters": {"maxConcurrency": 1, "concurrencyMode": "requests"}},
+                    // Observes TTFT and TPOT for the dashboard's latency panels.
+                    {"type": "predicted-latency-producer",
+                     "parameters": {"streamingMode": true}}],
         "saturationDetector": {"pluginRef": "concurrency-detector"},
         "flowControl": {"defaultRequestTTL": "60s"},
         "pool": {"name": POOL, "metricsEndpoint": {"port": port}}
@@ -229,8 +232,9 @@ fn the_autoscaling_queries_read_the_gateways_queue_and_running_requests() {
         .map(|i| {
             let listen = listen.clone();
             std::thread::spawn(move || {
-                let body =
-                    json!({"model": MODEL, "prompt": format!("request {i}"), "max_tokens": 16});
+                // Half streamed: TPOT is observed on streamed responses.
+                let body = json!({"model": MODEL, "prompt": format!("request {i}"),
+                                  "max_tokens": 16, "stream": i % 2 == 0});
                 http::post_json(&listen, "/v1/completions", &body.to_string())
                     .map(|r| r.status)
                     .unwrap_or(0)
