@@ -13,6 +13,24 @@ pub mod openai;
 pub mod paths;
 pub mod vllm_sim_server;
 
+/// A loopback port free at the time of the call (for a server the test configures with it).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local address").port()
+}
+
+/// Polls `cond` every 50 ms for up to `secs` seconds; whether it became true.
+pub fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
 /// A fresh scratch directory for one test process's files.
 pub fn scratch_dir(tag: &str) -> std::path::PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};

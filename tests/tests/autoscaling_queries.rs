@@ -11,16 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tests::envoy::Envoy;
+use tests::free_port;
 use tests::http;
 use tests::vllm_sim_server::VllmSimServer;
 
 const POOL: &str = "vllm-llama3-8b";
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
 
 /// Every panel of the dashboard: (title, unit, expressions with `$pool` set to `POOL`).
 fn dashboard_panels() -> Vec<(String, String, Vec<String>)> {

@@ -251,11 +251,7 @@ fn without_the_gate_sheddable_requests_get_429_while_the_pool_is_saturated() {
 fn scale_from_zero_requests_wait_for_an_endpoint_to_become_ready() {
     // The pool's only endpoint is not running yet: with the default utilization
     // detector it has no fresh metrics, the pool reads saturated, and requests wait.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = tests::free_port();
     let address = format!("127.0.0.1:{port}");
     let cfg = json!({
         "featureGates": ["flowControl"],

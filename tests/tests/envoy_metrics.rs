@@ -6,14 +6,10 @@
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tests::envoy::Envoy;
+use tests::free_port;
 use tests::http;
 use tests::openai::{completion, MODEL};
 use tests::vllm_sim_server::VllmSimServer;
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
 
 /// The value of the sample `series` (name and labels exactly as exposed), if present.
 fn sample(text: &str, series: &str) -> Option<f64> {
@@ -177,9 +173,6 @@ fn the_filter_serves_its_metrics_in_the_reference_names_and_units() {
         Some(0.0)
     );
     assert!(text.contains("# TYPE inference_extension_scheduler_e2e_duration_seconds histogram\n"));
-    if std::env::var_os("SHOW_METRICS").is_some() {
-        eprintln!("{text}");
-    }
 
     // Only the metrics path, only on the metrics port.
     let other = http::get(&metrics, "/v1/models").expect("other path");

@@ -5,8 +5,9 @@
 
 use serde_json::json;
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tests::envoy::Envoy;
+use tests::eventually;
 use tests::http;
 use tests::openai::{completion, MODEL};
 use tests::scratch_dir;
@@ -36,18 +37,6 @@ fn served_by(envoy: &Envoy, prompt: &str) -> String {
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     r.header("x-sim-server").expect("x-sim-server").to_string()
-}
-
-/// Polls `cond` every 50 ms for up to `secs` seconds.
-fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
 }
 
 fn metric_line<'a>(prom: &'a str, name: &str, labels: &[(&str, &str)]) -> Option<&'a str> {

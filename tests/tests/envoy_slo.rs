@@ -4,8 +4,8 @@
 //! SLO that nothing can meet is counted as violated while the request is still served.
 
 use serde_json::json;
-use std::time::{Duration, Instant};
 use tests::envoy::Envoy;
+use tests::eventually;
 use tests::http;
 use tests::openai::{completion, MODEL};
 use tests::vllm_sim_server::VllmSimServer;
@@ -16,17 +16,6 @@ fn sum(prom: &str, name: &str) -> f64 {
         .filter(|l| l.split(['{', ' ']).next() == Some(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
 }
 
 #[test]

@@ -89,7 +89,8 @@ impl Recorder {
 
     /// The series of `metric` with these (capped) label values, created empty if new.
     pub fn slot(&mut self, metric: &Metric, labels: Vec<String>) -> Slot {
-        if let Some(i) = self.index.get(&(metric.name, labels.clone())) {
+        let key = (metric.name, labels);
+        if let Some(i) = self.index.get(&key) {
             return Slot(*i);
         }
         let empty = match metric.kind {
@@ -104,8 +105,8 @@ impl Recorder {
             },
         };
         let i = self.series.len();
-        self.series.push((metric.name, labels.clone(), empty));
-        self.index.insert((metric.name, labels), i);
+        self.series.push((metric.name, key.1.clone(), empty));
+        self.index.insert(key, i);
         Slot(i)
     }
 
