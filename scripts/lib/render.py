@@ -5,11 +5,14 @@ Used by scripts/run and by the end-to-end tests, so both run the same Envoy setu
 
   render.py --wasm PATH --listen-port N --admin-port N [--config FILE]
             [--endpoints ip:port,...] [--cluster NAME=ip:port,...] [--no-filter]
-            [--pre-filter FILE] > bootstrap.yaml
+            [--pre-filter FILE] [--eds NAME=FILE] > bootstrap.yaml
 
 --config is the filter configuration: JSON, or YAML as in the reference's docs (a .yaml/.yml
 file, or anything that is not JSON), which the workspace's `epp-config` tool validates and
 turns into JSON (built on first use). --endpoints, when given, replaces its pool.endpoints.
+--eds adds a cluster NAME whose endpoints Envoy reads from FILE (a JSON DiscoveryResponse of
+one ClusterLoadAssignment, as eds.py writes it) and re-reads whenever the file is replaced in
+its directory: dynamic discovery without a control plane (scripts/run --autoscale).
 --pre-filter inserts the HTTP filters in FILE (YAML list items, indented as
 envoy/wasm-filter.yaml.in) before the picker: e.g. jwt_authn or header_to_metadata, whose
 results pool.classification reads.
@@ -42,6 +45,8 @@ def main():
     p.add_argument("--cluster", action="append", default=[],
                    help="an extra STATIC cluster NAME=ip:port,... (e.g. for pool.discovery)")
     p.add_argument("--pre-filter", help="HTTP filters (YAML) to run before the picker")
+    p.add_argument("--eds", action="append", default=[],
+                   help="a cluster NAME=FILE whose endpoints come from a watched EDS file")
     a = p.parse_args()
 
     config = {}
@@ -93,6 +98,15 @@ def main():
         extra += ("  - name: %s\n    connect_timeout: 1s\n    type: STATIC\n"
                   "    load_assignment: {cluster_name: %s, endpoints: [{lb_endpoints: [%s]}]}\n"
                   % (json.dumps(name), json.dumps(name), ", ".join(hosts)))
+    for spec in a.eds:
+        name, _, path = spec.partition("=")
+        path = os.path.abspath(path)
+        extra += ("  - name: %s\n    connect_timeout: 1s\n    type: EDS\n"
+                  "    eds_cluster_config:\n      service_name: %s\n"
+                  "      eds_config:\n        resource_api_version: V3\n"
+                  "        path_config_source: {path: %s, watched_directory: {path: %s}}\n"
+                  % (json.dumps(name), json.dumps(name), json.dumps(path),
+                     json.dumps(os.path.dirname(path))))
     listeners = ""
     if isinstance(metrics, dict) and filters:
         listeners = (read("metrics-listener.yaml.in")

@@ -19,6 +19,7 @@ quality_sim.py, breakdown.py; what they share: common.py.
 import argparse
 import sys
 
+import autoscale
 import breakdown
 import common
 import flow_control_bench
@@ -162,6 +163,14 @@ def parse(argv):
     if argv and argv[0] == "breakdown":
         command, o = breakdown_options(argv[1:])
         return "breakdown", command, breakdown, o
+    if argv and argv[0] == "autoscale":
+        rest = list(argv[1:])
+        command = "scripts/bench autoscale"
+        if "--command" in rest:
+            i = rest.index("--command")
+            command = rest[i + 1]
+            del rest[i:i + 2]
+        return "autoscale", command, autoscale, autoscale.options(rest)
     if argv and argv[0] == "quality-sim":
         command, rest = quality_sim_argv(argv[1:])
         return "quality-sim", command, quality_sim, quality_sim.QualitySimOptions(rest)
