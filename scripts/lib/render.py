@@ -5,7 +5,7 @@ Used by scripts/run and by the end-to-end tests, so both run the same Envoy setu
 
   render.py --wasm PATH --listen-port N --admin-port N [--config FILE]
             [--endpoints ip:port,...] [--cluster NAME=ip:port,...] [--no-filter]
-            [--pre-filter FILE] [--eds NAME=FILE] > bootstrap.yaml
+            [--pre-filter FILE] [--eds NAME=FILE] [--ecds FILE] > bootstrap.yaml
 
 --config is the filter configuration: JSON, or YAML as in the reference's docs (a .yaml/.yml
 file, or anything that is not JSON), which the workspace's `epp-config` tool validates and
@@ -13,6 +13,9 @@ turns into JSON (built on first use). --endpoints, when given, replaces its pool
 --eds adds a cluster NAME whose endpoints Envoy reads from FILE (a JSON DiscoveryResponse of
 one ClusterLoadAssignment, as eds.py writes it) and re-reads whenever the file is replaced in
 its directory: dynamic discovery without a control plane (scripts/run --autoscale).
+--ecds delivers the filter's configuration through extension config discovery from FILE
+(a YAML DiscoveryResponse written here), as Istio's WasmPlugin does: rendering again with
+another --config and the same --ecds FILE replaces the configuration of the running Envoy.
 --pre-filter inserts the HTTP filters in FILE (YAML list items, indented as
 envoy/wasm-filter.yaml.in) before the picker: e.g. jwt_authn or header_to_metadata, whose
 results pool.classification reads.
@@ -28,6 +31,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENVOY_DIR = os.path.join(ROOT, "envoy")
@@ -45,6 +49,7 @@ def main():
     p.add_argument("--cluster", action="append", default=[],
                    help="an extra STATIC cluster NAME=ip:port,... (e.g. for pool.discovery)")
     p.add_argument("--pre-filter", help="HTTP filters (YAML) to run before the picker")
+    p.add_argument("--ecds", help="deliver the filter's configuration from this watched file")
     p.add_argument("--eds", action="append", default=[],
                    help="a cluster NAME=FILE whose endpoints come from a watched EDS file")
     a = p.parse_args()
@@ -83,10 +88,11 @@ def main():
         with open(a.pre_filter) as f:
             filters = f.read().rstrip("\n") + "\n"
     if not a.no_filter:
-        filters += (read("wasm-filter.yaml.in")
-                   .replace("{{PLUGIN_CONFIG}}", json.dumps(json.dumps(config)))
-                   .replace("{{WASM}}", json.dumps(os.path.abspath(a.wasm)))
-                   .rstrip("\n"))
+        wasm_filter = (read("wasm-filter.yaml.in")
+                       .replace("{{PLUGIN_CONFIG}}", json.dumps(json.dumps(config)))
+                       .replace("{{WASM}}", json.dumps(os.path.abspath(a.wasm)))
+                       .rstrip("\n"))
+        filters += write_ecds(a.ecds, wasm_filter) if a.ecds else wasm_filter
     extra = ""
     for spec in a.cluster:
         name, _, addrs = spec.partition("=")
@@ -124,6 +130,30 @@ def main():
            .replace("{{EXTRA_LISTENERS}}\n", listeners + "\n" if listeners else "")
            .replace("{{EXTRA_CLUSTERS}}\n", extra))
     sys.stdout.write(out)
+
+
+def write_ecds(path, wasm_filter):
+    """Writes the Wasm filter's typed_config (from the template) into `path` as an
+    extension config discovery response, atomically (Envoy re-reads a file moved into its
+    watched directory); returns the HTTP filter entry that subscribes to it."""
+    lines = wasm_filter.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "typed_config:")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    body = "\n".join("  " + line[indent:] for line in lines[start:])
+    path = os.path.abspath(path)
+    doc = ("version_info: %s\nresources:\n"
+           "- \"@type\": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig\n"
+           "  name: epp\n%s\n" % (json.dumps(str(time.time_ns())), body))
+    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(doc)
+    os.replace(tmp, path)
+    return ("          - name: epp\n"
+            "            config_discovery:\n"
+            "              config_source:\n"
+            "                path_config_source: {path: %s, watched_directory: {path: %s}}\n"
+            "              type_urls: [type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm]"
+            % (json.dumps(path), json.dumps(os.path.dirname(path))))
 
 
 def free_port():

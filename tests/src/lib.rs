@@ -7,6 +7,7 @@
 //! Envoy in `.venv`); a missing one fails the test with the command that builds it.
 
 pub mod envoy;
+pub mod fault_proxy;
 pub mod http;
 pub mod loadgen;
 pub mod openai;

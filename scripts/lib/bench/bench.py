@@ -28,6 +28,7 @@ import overload
 import quality
 import quality_sim
 import sched
+import soak
 
 SUBCOMMANDS = ["overhead", "quality", "sched", "overload", "flow-control"]
 
@@ -163,14 +164,15 @@ def parse(argv):
     if argv and argv[0] == "breakdown":
         command, o = breakdown_options(argv[1:])
         return "breakdown", command, breakdown, o
-    if argv and argv[0] == "autoscale":
+    if argv and argv[0] in ("autoscale", "soak"):
         rest = list(argv[1:])
-        command = "scripts/bench autoscale"
+        command = f"scripts/bench {argv[0]}"
         if "--command" in rest:
             i = rest.index("--command")
             command = rest[i + 1]
             del rest[i:i + 2]
-        return "autoscale", command, autoscale, autoscale.options(rest)
+        module = autoscale if argv[0] == "autoscale" else soak
+        return argv[0], command, module, module.options(rest)
     if argv and argv[0] == "quality-sim":
         command, rest = quality_sim_argv(argv[1:])
         return "quality-sim", command, quality_sim, quality_sim.QualitySimOptions(rest)

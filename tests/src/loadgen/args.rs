@@ -39,6 +39,10 @@ Workload (lengths in tokens; vllm-sim counts 4 characters per token):
   --zipf S                     skew over groups, weight 1/(k+1)^S [0 = uniform]
   --stream / --no-stream       streamed responses, TTFT and ITL measured [--stream]
   --tenants N                  x-gateway-inference-fairness-id tenant-0..N-1 [0 = none]
+  --tenant-churn N             every N requests the tenant ids move on by one (old
+                               tenants go idle, new ones appear) [0 = fixed]
+  --cancel F                   fraction of streamed requests abandoned (connection
+                               closed) after the first token; counted as cancelled [0]
   --priorities A[,B...]        x-gateway-inference-objective values, uniform [none]
   --seed N                     seed of prompts, request sequence and arrivals [1]
 Output:
@@ -232,6 +236,8 @@ where
             "stream" => c.spec.stream = true,
             "no-stream" => c.spec.stream = false,
             "tenants" => c.spec.tenants = u32_of(num(v)?)?,
+            "tenant-churn" => c.spec.tenant_churn = num(v)?,
+            "cancel" => c.spec.cancel = float()?.clamp(0.0, 1.0),
             "priorities" => c.spec.priorities = list(v),
             "seed" => c.seed = num(v)?,
             "label" => c.label = v.to_string(),

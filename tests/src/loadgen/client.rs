@@ -45,6 +45,8 @@ pub struct Outcome {
     pub body_bytes: u64,
     /// A new connection was opened for this request.
     pub new_connection: bool,
+    /// The client closed the connection after the first token (asked for).
+    pub cancelled: bool,
 }
 
 /// A GET's status and body.
@@ -115,8 +117,9 @@ impl Client {
         }
     }
 
-    /// POSTs a JSON body to `path` on target `target` and reads the whole response,
-    /// timing it. Never panics; failures are in [`Outcome::error`].
+    /// POSTs a JSON body to `path` on target `target` and reads the whole response
+    /// (or, with `cancel`, a streamed one up to its first token, then closes the
+    /// connection), timing it. Never panics; failures are in [`Outcome::error`].
     pub async fn post(
         &self,
         target: usize,
@@ -124,10 +127,11 @@ impl Client {
         headers: &[(String, String)],
         body: Bytes,
         stream: bool,
+        cancel: bool,
     ) -> Outcome {
         let mut out = Outcome::default();
         if let Err(e) = self
-            .post_inner(target, path, headers, body, stream, &mut out)
+            .post_inner(target, path, headers, body, stream, cancel, &mut out)
             .await
         {
             out.error = Some(e);
@@ -135,6 +139,7 @@ impl Client {
         out
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn post_inner(
         &self,
         target: usize,
@@ -142,6 +147,7 @@ impl Client {
         headers: &[(String, String)],
         body: Bytes,
         stream: bool,
+        cancel: bool,
         out: &mut Outcome,
     ) -> Result<(), String> {
         let (mut sender, new) = self.sender(target).await?;
@@ -190,6 +196,13 @@ impl Client {
                 let scan = scanner.feed(&data);
                 if scan.tokens > 0 {
                     out.token_reads.push((now, scan.tokens));
+                    if cancel {
+                        // Dropping the body and the sender closes the connection.
+                        out.cancelled = true;
+                        out.end_at = Some(now);
+                        out.streamed_tokens = scanner.tokens;
+                        return Ok(());
+                    }
                 }
             } else {
                 whole.extend_from_slice(&data);

@@ -32,6 +32,8 @@ pub struct Record {
     pub status: Option<u16>,
     pub error: Option<String>,
     pub timed_out: bool,
+    /// Abandoned by the client after the first token (`--cancel`).
+    pub cancelled: bool,
     pub server: Option<String>,
     pub new_connection: bool,
     pub latency_ms: Option<f64>,
@@ -45,7 +47,7 @@ pub struct Record {
 
 impl Record {
     pub fn ok(&self) -> bool {
-        self.status == Some(200) && self.error.is_none() && !self.timed_out
+        self.status == Some(200) && self.error.is_none() && !self.timed_out && !self.cancelled
     }
 
     pub fn to_json(&self) -> Value {
@@ -61,6 +63,7 @@ impl Record {
             "status": self.status,
             "error": self.error,
             "timed_out": self.timed_out,
+            "cancelled": self.cancelled,
             "server": self.server,
             "new_connection": self.new_connection,
             "latency_ms": self.latency_ms.map(r3),
@@ -98,6 +101,7 @@ fn round(v: f64, digits: i32) -> f64 {
 pub fn summarize(r: &RunResult) -> Value {
     let c = r.config;
     let ok: Vec<&Record> = r.records.iter().filter(|x| x.ok()).collect();
+    let cancelled = r.records.iter().filter(|x| x.cancelled).count();
     let secs = r.elapsed.as_secs_f64().max(1e-9);
     let collect = |f: &dyn Fn(&Record) -> Option<f64>| -> Vec<f64> {
         ok.iter().filter_map(|x| f(x)).collect()
@@ -191,13 +195,16 @@ pub fn summarize(r: &RunResult) -> Value {
             "zipf": c.spec.zipf,
             "stream": c.spec.stream,
             "tenants": c.spec.tenants,
+            "tenant_churn": c.spec.tenant_churn,
+            "cancel": c.spec.cancel,
             "priorities": c.spec.priorities,
             "seed": c.seed,
         },
         "requests": {
             "sent": r.records.len(),
             "ok": ok.len(),
-            "failed": r.records.len() - ok.len(),
+            "failed": r.records.len() - ok.len() - cancelled,
+            "cancelled": cancelled,
             "timeouts": timeouts,
             "overflow": r.overflow,
             "new_connections": r.records.iter().filter(|x| x.new_connection).count(),

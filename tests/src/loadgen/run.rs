@@ -55,6 +55,7 @@ async fn one(shared: &Shared, req: Request, scheduled: Duration) -> Record {
         &headers,
         Bytes::from(req.body),
         c.spec.stream,
+        req.cancel,
     );
     let out = match tokio::time::timeout(c.timeout, post).await {
         Ok(out) => out,
@@ -68,6 +69,7 @@ async fn one(shared: &Shared, req: Request, scheduled: Duration) -> Record {
     rec.error = out.error;
     rec.server = out.server;
     rec.new_connection = out.new_connection;
+    rec.cancelled = out.cancelled;
     rec.latency_ms = out.end_at.map(|t| ms(t - sent));
     if let Some(u) = out.usage {
         rec.prompt_tokens = u.prompt_tokens;

@@ -51,6 +51,12 @@ pub struct Spec {
     pub zipf: f64,
     /// Fairness ids `tenant-0..tenants-1` (0 = no header).
     pub tenants: u32,
+    /// Every this many requests the tenant ids move on by one (`tenant-E..E+tenants-1`
+    /// for request index / churn = E), so old tenants go idle and new ones appear
+    /// (0 = fixed ids).
+    pub tenant_churn: u64,
+    /// Fraction of streamed requests the client abandons after the first token.
+    pub cancel: f64,
     /// Objective names for `x-gateway-inference-objective` (empty = no header).
     pub priorities: Vec<String>,
 }
@@ -68,6 +74,8 @@ impl Default for Spec {
             stream: true,
             zipf: 0.0,
             tenants: 0,
+            tenant_churn: 0,
+            cancel: 0.0,
             priorities: Vec::new(),
         }
     }
@@ -87,6 +95,8 @@ pub struct Request {
     pub body: String,
     pub tenant: Option<String>,
     pub objective: Option<String>,
+    /// The client closes the connection after the first token.
+    pub cancel: bool,
 }
 
 /// The prompts and the seeded request sequence.
@@ -167,8 +177,17 @@ impl Workload {
         let prompt = self
             .rng
             .below(u64::from(self.spec.prompts_per_group.max(1))) as u32;
-        let tenant = (self.spec.tenants > 0)
-            .then(|| format!("tenant-{}", self.rng.below(u64::from(self.spec.tenants))));
+        let epoch = index.checked_div(self.spec.tenant_churn).unwrap_or(0);
+        let tenant = (self.spec.tenants > 0).then(|| {
+            format!(
+                "tenant-{}",
+                epoch + self.rng.below(u64::from(self.spec.tenants))
+            )
+        });
+        // Drawn only when asked for, so runs without it keep their sequence.
+        let cancel = self.spec.stream && self.spec.cancel > 0.0 && {
+            self.rng.next_f64() < self.spec.cancel
+        };
         let objective = (!self.spec.priorities.is_empty()).then(|| {
             let i = self.rng.below(self.spec.priorities.len() as u64) as usize;
             self.spec.priorities[i].clone()
@@ -202,6 +221,7 @@ impl Workload {
             body: body.to_string(),
             tenant,
             objective,
+            cancel,
         }
     }
 }
