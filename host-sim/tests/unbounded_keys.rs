@@ -71,8 +71,10 @@ fn distinct_tenants_and_models_by_the_ten_thousand_leave_the_shared_data_bounded
     let (keys, bytes) = sim.shared_data_footprint();
     println!(
         "{requests} distinct fairness ids and models: peak flow-control record + ledger {} bytes \
-         (bound {RECORD_BOUND}); at the end {keys} shared-data keys, {bytes} bytes",
-        peak.get()
+         (bound {RECORD_BOUND}); at the end {keys} shared-data keys, {bytes} bytes; VM linear \
+         memory {:?} bytes",
+        peak.get(),
+        sim.vm_memory_bytes()
     );
     // Queues were really used, and emptied: no flow is left behind.
     assert!(peak.get() > 10_000, "{}", peak.get());

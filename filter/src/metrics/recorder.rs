@@ -16,6 +16,11 @@ use std::collections::{BTreeSet, HashMap};
 pub const LABEL_CAP: usize = 1_000;
 /// The value reported for a client-chosen label beyond [`LABEL_CAP`].
 pub const OTHER: &str = "other";
+/// Distinct client-chosen values a VM gives Envoy's own histograms per family; beyond
+/// it, [`OTHER`]. Envoy never frees a stat and a histogram costs it far more memory than
+/// a counter (its buckets, per worker), so a flood of tenants or model names would grow
+/// Envoy without this; the filter's own endpoint keeps [`LABEL_CAP`].
+pub const ENVOY_HISTOGRAM_LABEL_CAP: usize = 32;
 
 /// The label families whose values come from clients, by label name.
 fn family(label: &str) -> Option<usize> {
@@ -55,6 +60,7 @@ pub struct Recorder {
     series: Vec<(&'static str, Vec<String>, Value)>,
     index: HashMap<(&'static str, Vec<String>), usize>,
     seen: [BTreeSet<String>; 2],
+    envoy_histogram_seen: [BTreeSet<String>; 2],
 }
 
 /// Where one series lives in a [`Recorder`]: a caller that keeps it updates the series
@@ -82,6 +88,34 @@ impl Recorder {
                         }
                     }
                     _ => value.to_string(),
+                }
+            })
+            .collect()
+    }
+
+    /// The label values for Envoy's own stat of `metric`, from [`Recorder::labels`]'s: for
+    /// a histogram, client-chosen values beyond [`ENVOY_HISTOGRAM_LABEL_CAP`] per family
+    /// become [`OTHER`]; other kinds keep them.
+    pub fn envoy_labels(&mut self, metric: &Metric, labels: &[String]) -> Vec<String> {
+        if metric.kind != Kind::Histogram {
+            return labels.to_vec();
+        }
+        metric
+            .labels
+            .iter()
+            .zip(labels)
+            .map(|(label, value)| {
+                let Some(seen) = family(label).and_then(|f| self.envoy_histogram_seen.get_mut(f))
+                else {
+                    return value.clone();
+                };
+                if value.is_empty() || value == OTHER || seen.contains(value.as_str()) {
+                    value.clone()
+                } else if seen.len() < ENVOY_HISTOGRAM_LABEL_CAP {
+                    seen.insert(value.clone());
+                    value.clone()
+                } else {
+                    OTHER.to_string()
                 }
             })
             .collect()
@@ -256,7 +290,8 @@ impl WireSeries {
 mod tests {
     use super::*;
     use crate::metrics::{
-        FLOW_QUEUE_SIZE, OBJECTIVE_RUNNING_REQUESTS, POOL_AVERAGE_KV, SCHEDULER_E2E_DURATION,
+        FLOW_ENQUEUE_DURATION, FLOW_QUEUE_SIZE, OBJECTIVE_RUNNING_REQUESTS, POOL_AVERAGE_KV,
+        SCHEDULER_E2E_DURATION,
     };
     use wasm_bindgen_test::wasm_bindgen_test;
 
@@ -315,5 +350,28 @@ mod tests {
             &["tenant-3", "0", "another-pool", "m", "m"],
         );
         assert_eq!(l, ["tenant-3", "0", "another-pool", "m", "m"]);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn envoy_histograms_get_fewer_client_chosen_values_than_the_endpoint() {
+        let mut r = Recorder::default();
+        let mut envoy = BTreeSet::new();
+        let mut endpoint = BTreeSet::new();
+        for i in 0..200 {
+            let id = format!("tenant-{i}");
+            let l = r.labels(&FLOW_ENQUEUE_DURATION, &[&id, "0", "Dispatched"]);
+            endpoint.insert(l[0].clone());
+            envoy.insert(r.envoy_labels(&FLOW_ENQUEUE_DURATION, &l)[0].clone());
+            // Gauges and counters keep the endpoint's values in Envoy too.
+            let g = r.labels(&FLOW_QUEUE_SIZE, &[&id, "0", "pool", "m", "m"]);
+            assert_eq!(r.envoy_labels(&FLOW_QUEUE_SIZE, &g), g);
+        }
+        assert_eq!(endpoint.len(), 200);
+        assert_eq!(envoy.len(), ENVOY_HISTOGRAM_LABEL_CAP + 1);
+        assert!(envoy.contains(OTHER));
+        // A value admitted early keeps its own histogram; labels that clients do not
+        // choose are never capped.
+        let l = r.labels(&FLOW_ENQUEUE_DURATION, &["tenant-5", "0", "EvictedTTL"]);
+        assert_eq!(r.envoy_labels(&FLOW_ENQUEUE_DURATION, &l), l);
     }
 }

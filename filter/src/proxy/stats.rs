@@ -84,7 +84,8 @@ fn with(metric: &Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slot, Optio
         let labels = stats.recorder.labels(metric, values);
         let slot = stats.recorder.slot(metric, labels.clone());
         let id = if metric.envoy {
-            envoy_id(stats, metric, &labels)
+            let envoy = stats.recorder.envoy_labels(metric, &labels);
+            envoy_id(stats, metric, &envoy)
         } else {
             None
         };

@@ -366,6 +366,18 @@ impl Sim {
         lock(&self.process.calls).clone()
     }
 
+    /// Each live VM's linear memory, in bytes (a Wasm memory only grows: this is the
+    /// most the VM's heap ever needed).
+    pub fn vm_memory_bytes(&mut self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for vm in self.vms.all.iter_mut().flatten() {
+            if let Some(m) = vm.store.data().memory {
+                out.push(m.data_size(&vm.store));
+            }
+        }
+        out
+    }
+
     /// Invariant violations found so far.
     pub fn violations(&self) -> &[Violation] {
         &self.checks.violations

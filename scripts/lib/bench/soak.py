@@ -77,6 +77,15 @@ def metric_sum(text, name, **labels):
     return total
 
 
+def envoy_heap_kib(admin):
+    """Envoy's own heap in use (admin /memory `allocated`): everything but the Wasm VMs'
+    memory, which V8 maps outside it."""
+    try:
+        return int(json.loads(http_get(f"http://{admin}/memory")[1])["allocated"]) // 1024
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
 def envoy_stat(admin, name):
     _, text = http_get(f"http://{admin}/stats?filter=^{re.escape(name)}$")
     m = re.search(r": (\d+)", text)
@@ -120,7 +129,7 @@ def soak(o, procs):
             "--threads", "1", "--records", records, "--out", summary, "--label", "soak"]
     t0 = time.monotonic()
     load = procs.start("soak-loadgen", args)
-    samples, queue_peak, restarted = [], 0.0, None
+    samples, heap, queue_peak, restarted = [], [], 0.0, None
     next_sample = t0
     while load.poll() is None:
         now = time.monotonic()
@@ -139,6 +148,7 @@ def soak(o, procs):
             except OSError:
                 pass
             samples.append((round(now - t0, 1), rss_kib(envoy.proc.pid)))
+            heap.append((round(now - t0, 1), envoy_heap_kib(envoy.admin)))
         time.sleep(0.2)
     if load.returncode != 0:
         raise SystemExit(f"bench: loadgen failed; see {load.bench_err}")
@@ -171,6 +181,10 @@ def soak(o, procs):
         "rss_last_kib": samples[-1][1] if samples else 0,
         "rss_max_kib": max((v for _, v in samples), default=0),
         "rss_slope_second_half_kib_per_min": round(slope_kib_per_min(half), 1),
+        "heap_first_kib": heap[0][1] if heap else 0,
+        "heap_last_kib": heap[-1][1] if heap else 0,
+        "heap_slope_second_half_kib_per_min": round(slope_kib_per_min(
+            [x for x in heap if x[0] >= o.seconds / 2]), 1),
         "samples": samples,
     }
 
@@ -197,6 +211,10 @@ def run(o, procs):
         ["Envoy RSS first / last / max (MiB)", f"{r['rss_first_kib'] / 1024:.1f} / "
                                                f"{r['rss_last_kib'] / 1024:.1f} / "
                                                f"{r['rss_max_kib'] / 1024:.1f}"],
+        ["Envoy heap (admin /memory, without the Wasm VMs) first / last (MiB); slope over "
+         "the second half (KiB/min)", f"{r['heap_first_kib'] / 1024:.1f} / "
+                                      f"{r['heap_last_kib'] / 1024:.1f}; "
+                                      f"{r['heap_slope_second_half_kib_per_min']:g}"],
         ["Envoy stats at the end; distinct fairness ids sent",
          f"{r['envoy_stats']:,}; {r['tenants_seen']:,}"],
         ["Envoy RSS slope over the second half (KiB/min)",
