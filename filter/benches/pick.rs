@@ -4,6 +4,9 @@
 //! * `schedule/N` — hashing the prompt, matching it against the index, scoring, picking.
 //! * `pick_with_ledger/N` — the same inside the cross-worker in-flight ledger's CAS
 //!   update (what the proxy does per request), on the in-memory store.
+//! * `schedule_cold/{prior,no_prior}/N` — a prompt whose system prompt no endpoint holds,
+//!   with the rendezvous prior (the default) and without (`rendezvousPrior: false`): what
+//!   the prior costs when it applies (one hash per candidate).
 //!
 //! Run: `cargo bench -p filter --bench pick`.
 
@@ -82,6 +85,47 @@ fn bench(c: &mut Criterion) {
                 black_box(d.ok())
             })
         });
+    }
+    group.finish();
+    let mut group = c.benchmark_group("schedule_cold");
+    let no_prior = r#"{"plugins": [
+        {"type": "approx-prefix-cache-producer", "parameters": {"rendezvousPrior": false}},
+        {"type": "utilization-detector"}, {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"}, {"type": "prefix-cache-scorer"}],
+      "schedulingProfiles": [{"name": "default", "plugins": [
+        {"pluginRef": "utilization-detector"}, {"pluginRef": "queue-scorer", "weight": 2},
+        {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+        {"pluginRef": "prefix-cache-scorer", "weight": 3}]}]}"#;
+    for (name, config) in [("prior", ""), ("no_prior", no_prior)] {
+        for n in [8usize, 64, 512] {
+            let (_, candidates, index, _) = setup(n);
+            let scheduler = epp_filter::runtime::load(config).expect("config").scheduler;
+            let prompt = format!(
+                "{}{}",
+                "a system prompt nobody has sent yet ".repeat(20),
+                "a new question about something else ".repeat(30)
+            );
+            let request = Request {
+                model: "m",
+                prompt: &prompt,
+                body_bytes: prompt.len() + 40,
+                ..Request::default()
+            };
+            let mut seed = 0u64;
+            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+                b.iter(|| {
+                    seed += 1;
+                    let d = scheduler.schedule(
+                        black_box(&request),
+                        black_box(&candidates),
+                        &index,
+                        &mut Rng::new(seed),
+                        &mut Probe::new(None),
+                    );
+                    black_box(d.ok())
+                })
+            });
+        }
     }
     group.finish();
     let mut group = c.benchmark_group("pick_with_ledger");

@@ -31,7 +31,13 @@ pub use world::workload::{Poisson, RequestSpec};
 pub const SLOT_BASE: usize = 0;
 /// Thread slot of the main thread's thread-local VM (ticks, queues).
 pub const SLOT_MAIN: usize = 1;
-/// Thread slot of worker `w`.
+/// Thread slot of worker `w` (of the first replica).
 pub const fn slot_of_worker(w: usize) -> usize {
     w + 2
+}
+/// Thread slot of local slot `local` ([`SLOT_BASE`], [`SLOT_MAIN`], [`slot_of_worker`]) in
+/// gateway replica `replica` of a sim with `workers` workers per replica: each replica's
+/// slots follow the previous replica's, so replica 0's are the plain ones.
+pub const fn replica_slot(replica: usize, workers: usize, local: usize) -> usize {
+    replica * (workers + 2) + local
 }

@@ -3,9 +3,11 @@
 //! * [`hash`] — chained, model-seeded xxhash64 block hashes of a prompt.
 //! * [`index`] — this VM's index: per-endpoint LRU of block hashes, and hash → holders.
 //! * [`shared`] — how every worker's index learns every pick: a ring log in shared data.
+//! * [`rendezvous`] — the prior for prompts this gateway has not seen (replicas agree).
 
 pub mod hash;
 pub mod index;
+pub mod rendezvous;
 pub mod shared;
 
 use crate::config::validate::err;
@@ -22,6 +24,9 @@ pub const PARAMETERS: &[&str] = &[
     "maxPrefixBlocksToMatch",
     "maxPrefixTokensToMatch",
     "lruCapacityPerServer",
+    "rendezvousPrior",
+    "rendezvousPriorBlocks",
+    "rendezvousPriorChoices",
 ];
 
 /// The prefix parameters (`approx-prefix-cache-producer`, or on `prefix-cache-scorer` as in
@@ -36,7 +41,19 @@ pub struct PrefixConfig {
     pub max_prefix_blocks: u64,
     /// LRU entries per endpoint when the engine's block count is unknown.
     pub lru_capacity_per_server: u64,
+    /// Leading blocks that key the rendezvous prior ([`rendezvous`]); 0 = no prior
+    /// (`rendezvousPrior: false`).
+    pub rendezvous_blocks: u64,
+    /// Owners the prior promotes, the load scorers choosing among them
+    /// (`rendezvousPriorChoices`, 1..=[`rendezvous::MAX_CHOICES`]).
+    pub rendezvous_choices: u64,
 }
+
+/// Default `rendezvousPriorChoices`.
+pub const DEFAULT_RENDEZVOUS_CHOICES: u64 = 1;
+
+/// Default `rendezvousPriorBlocks`: 8 blocks (128 tokens at 16 per block).
+pub const DEFAULT_RENDEZVOUS_BLOCKS: u64 = 8;
 
 /// Characters per token, as the reference's estimate.
 pub const CHARS_PER_TOKEN: u64 = 4;
@@ -48,6 +65,8 @@ impl Default for PrefixConfig {
             block_size_tokens: 16,
             max_prefix_blocks: 256,
             lru_capacity_per_server: 31_250,
+            rendezvous_blocks: DEFAULT_RENDEZVOUS_BLOCKS,
+            rendezvous_choices: DEFAULT_RENDEZVOUS_CHOICES,
         }
     }
 }
@@ -86,11 +105,26 @@ impl PrefixConfig {
         let lru = params
             .positive("lruCapacityPerServer", 31_250)?
             .unsigned_abs();
+        let prior = params.bool("rendezvousPrior", true)?;
+        let prior_blocks = params
+            .positive("rendezvousPriorBlocks", DEFAULT_RENDEZVOUS_BLOCKS as i64)?
+            .unsigned_abs();
+        let choices = params
+            .positive("rendezvousPriorChoices", DEFAULT_RENDEZVOUS_CHOICES as i64)?
+            .unsigned_abs();
+        if choices > rendezvous::MAX_CHOICES as u64 {
+            return Err(err(
+                &params.path("rendezvousPriorChoices"),
+                format!("must be at most {}, got {choices}", rendezvous::MAX_CHOICES),
+            ));
+        }
         Ok(PrefixConfig {
             auto_tune,
             block_size_tokens,
             max_prefix_blocks: max_blocks,
             lru_capacity_per_server: lru,
+            rendezvous_blocks: if prior { prior_blocks } else { 0 },
+            rendezvous_choices: choices,
         })
     }
 }

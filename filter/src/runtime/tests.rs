@@ -365,6 +365,21 @@ fn errors_name_the_field_and_the_reason() {
             "positive",
         ),
         (
+            r#"{"plugins":[{"type":"approx-prefix-cache-producer","parameters":{"rendezvousPriorBlocks":0}}]}"#,
+            "plugins[0].parameters.rendezvousPriorBlocks",
+            "positive",
+        ),
+        (
+            r#"{"plugins":[{"type":"prefix-cache-scorer","parameters":{"rendezvousPriorChoices":5}}]}"#,
+            "plugins[0].parameters.rendezvousPriorChoices",
+            "at most 4",
+        ),
+        (
+            r#"{"plugins":[{"type":"approx-prefix-cache-producer","parameters":{"rendezvousPrior":"yes"}}]}"#,
+            "plugins[0].parameters.rendezvousPrior",
+            "true or false",
+        ),
+        (
             r#"{"plugins":[{"type":"label-selector-filter","parameters":{"matchExpressions":[{"key":"a","operator":"Near"}]}}]}"#,
             "plugins[0].parameters.matchExpressions[0].operator",
             "unknown operator",

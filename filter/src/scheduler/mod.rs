@@ -17,6 +17,7 @@ pub mod scorers;
 use crate::latency::{self, Estimate, Prediction, Slo};
 use crate::prefix::hash::hash_prompt;
 use crate::prefix::index::{PrefixIndex, PrefixMatch};
+use crate::prefix::rendezvous;
 use crate::prefix::{PrefixConfig, CHARS_PER_TOKEN};
 use crate::rng::Rng;
 
@@ -72,8 +73,13 @@ pub struct Cycle<'a> {
     pub request: &'a Request<'a>,
     /// Every candidate; plugins receive indices into this slice.
     pub candidates: &'a [Candidate],
-    /// Prefix match per candidate (same order); empty when no prefix plugin is configured.
+    /// Prefix match per candidate (same order) in the learned index; empty when no prefix
+    /// plugin is configured.
     pub prefix: &'a [PrefixMatch],
+    /// The rendezvous prior: candidates taken to hold this many blocks of a prompt this
+    /// gateway has not routed anywhere (`crate::prefix::rendezvous`); empty when it does
+    /// not apply.
+    pub prior: &'a [(usize, u32)],
     /// Features and predictions per candidate (same order); empty without a latency
     /// producer.
     pub estimates: &'a [Estimate],
@@ -85,9 +91,20 @@ impl Cycle<'_> {
         self.candidates.get(i)
     }
 
-    /// The prefix match of candidate `i` (zero when unknown).
+    /// The prefix match of candidate `i` in the learned index (zero when unknown): what
+    /// decisions about cached tokens read (P/D, latency).
     pub fn prefix_match(&self, i: usize) -> PrefixMatch {
         self.prefix.get(i).copied().unwrap_or_default()
+    }
+
+    /// The prefix match of candidate `i` with the rendezvous prior: what the prefix
+    /// scorer and the affinity filter read.
+    pub fn prefix_affinity(&self, i: usize) -> PrefixMatch {
+        let mut m = self.prefix_match(i);
+        if let Some(&(_, blocks)) = self.prior.iter().find(|(c, _)| *c == i) {
+            m.matched = m.matched.max(blocks.min(m.total));
+        }
+        m
     }
 
     /// The latency prediction for candidate `i`, once the predictor is ready.
@@ -210,6 +227,9 @@ pub struct Decision {
     pub hashes: Vec<u64>,
     /// Prefix match per candidate (empty without a prefix plugin).
     pub prefix: Vec<PrefixMatch>,
+    /// The rendezvous prior: candidates taken to hold blocks of this prompt that this
+    /// gateway has not routed anywhere, with those blocks (empty when it did not apply).
+    pub prior: Vec<(usize, u32)>,
     /// Block size in tokens used for the hashes.
     pub block_size_tokens: u32,
     /// Whether P/D disaggregation was decided.
@@ -269,6 +289,11 @@ impl std::fmt::Display for ScheduleError {
     }
 }
 
+/// What [`Scheduler::prepare`] finds: the request's block hashes, the prefix match per
+/// candidate in the learned index, the block size in tokens, and the rendezvous prior
+/// (`crate::prefix::rendezvous`).
+pub type Prepared = (Vec<u64>, Vec<PrefixMatch>, u32, Vec<(usize, u32)>);
+
 /// The configured scheduler (built by `crate::runtime::load`).
 pub struct Scheduler {
     /// Profiles by name, in configuration order.
@@ -315,15 +340,16 @@ impl Scheduler {
         p.lru_capacity_per_server
     }
 
-    /// Hashes the request and matches it against `index` (when a prefix plugin is configured).
+    /// Hashes the request and matches it against `index` (when a prefix plugin is
+    /// configured), and finds the rendezvous prior for it.
     pub fn prepare(
         &self,
         request: &Request<'_>,
         candidates: &[Candidate],
         index: &PrefixIndex,
-    ) -> (Vec<u64>, Vec<PrefixMatch>, u32) {
+    ) -> Prepared {
         let Some(p) = &self.prefix else {
-            return (Vec::new(), Vec::new(), 0);
+            return (Vec::new(), Vec::new(), 0, Vec::new());
         };
         let block_tokens = self.block_size_tokens(candidates);
         let block_chars = usize::try_from(block_tokens * CHARS_PER_TOKEN).unwrap_or(usize::MAX);
@@ -336,8 +362,12 @@ impl Scheduler {
             max_blocks,
         );
         let bs = u32::try_from(block_tokens).unwrap_or(u32::MAX);
-        let matches = index.matches(&hashes, candidates.iter().map(|c| c.address.as_str()), bs);
-        (hashes, matches, bs)
+        let addresses = || candidates.iter().map(|c| c.address.as_str());
+        let matches = index.matches(&hashes, addresses(), bs);
+        let prior_blocks = usize::try_from(p.rendezvous_blocks).unwrap_or(usize::MAX);
+        let choices = usize::try_from(p.rendezvous_choices).unwrap_or(1);
+        let prior = rendezvous::promote(prior_blocks, choices, &hashes, &matches, addresses());
+        (hashes, matches, bs, prior)
     }
 
     /// Decides where `request` goes. Changes nothing.
@@ -352,7 +382,7 @@ impl Scheduler {
         if candidates.is_empty() {
             return Err(ScheduleError::NoCandidates);
         }
-        let (hashes, prefix, block_size_tokens) = self.prepare(request, candidates, index);
+        let (hashes, prefix, block_size_tokens, prior) = self.prepare(request, candidates, index);
         let estimates = match &self.latency {
             Some(settings) => latency::estimate(
                 settings,
@@ -375,6 +405,7 @@ impl Scheduler {
             request,
             candidates,
             prefix: &prefix,
+            prior: &prior,
             estimates: &estimates,
         };
         let outcome = self.handler.run(self, &cx, rng, probe);
@@ -386,6 +417,7 @@ impl Scheduler {
             prefill: outcome.prefill,
             hashes,
             prefix,
+            prior,
             block_size_tokens,
             disaggregated: outcome.disaggregated,
             estimates,
@@ -403,6 +435,7 @@ impl Scheduler {
             request,
             candidates,
             prefix: &decision.prefix,
+            prior: &decision.prior,
             estimates: &decision.estimates,
         };
         for p in &self.profiles {
@@ -452,6 +485,7 @@ pub mod testing {
             request: &request,
             candidates,
             prefix,
+            prior: &[],
             estimates: &[],
         };
         f(&cx)

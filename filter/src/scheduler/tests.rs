@@ -37,6 +37,7 @@ fn scores_are_weighted_sums_as_in_the_reference_example() {
         request: &r,
         candidates: &c,
         prefix: &[],
+        prior: &[],
         estimates: &[],
     };
     let totals = s.profiles[0].scores(&cx, &[0, 1, 2], &mut Probe::new(None));
@@ -113,6 +114,68 @@ fn the_default_profile_moves_a_hot_prefix_off_a_queueing_server() {
         pick(&s, &all_busy, &index, &prompt, 1).unwrap().primary(),
         Some(hot)
     );
+}
+
+#[wasm_bindgen_test(unsupported = test)]
+fn gateways_that_never_saw_a_prompt_agree_on_its_server_and_load_bounds_it() {
+    // Two gateways, empty indexes (nothing learned, nothing shared), the same pool.
+    let s = scheduler("{}");
+    let two = scheduler(
+        r#"{"plugins":[{"type":"approx-prefix-cache-producer","parameters":{"rendezvousPriorChoices":2}},
+        {"type":"utilization-detector"},{"type":"queue-scorer"},{"type":"kv-cache-utilization-scorer"},{"type":"prefix-cache-scorer"}],
+        "schedulingProfiles":[{"name":"p","plugins":[{"pluginRef":"utilization-detector"},{"pluginRef":"queue-scorer","weight":2},
+        {"pluginRef":"kv-cache-utilization-scorer","weight":2},{"pluginRef":"prefix-cache-scorer","weight":3}]}]}"#,
+    );
+    let c = candidates(&[(0, 0, 0.1); 8]);
+    let empty = PrefixIndex::new();
+    for g in 0..12 {
+        let system = format!("Tenant {g} system prompt: be brief and cite sources. ").repeat(12);
+        let picks: Vec<Option<usize>> = (0..6)
+            .map(|q| {
+                let prompt = format!("{system} question {q}");
+                pick(&s, &c, &empty, &prompt, 100 * g + q)
+                    .unwrap()
+                    .primary()
+            })
+            .collect();
+        assert!(picks.iter().all(|p| *p == picks[0]), "group {g}: {picks:?}");
+        // The owner is saturated (the detector leaves it out): another server. With two
+        // choices, the second owner, which every gateway also agrees on.
+        let owner = picks[0].unwrap();
+        let mut busy = c.clone();
+        busy[owner].metrics.waiting = 9;
+        for q in 0..4 {
+            let prompt = format!("{system} another question {q}");
+            assert_ne!(
+                pick(&s, &busy, &empty, &prompt, q).unwrap().primary(),
+                Some(owner)
+            );
+        }
+        let first = format!("{system} question 0");
+        assert_eq!(
+            pick(&two, &c, &empty, &first, 1).unwrap().primary(),
+            Some(owner)
+        );
+        let second: Vec<Option<usize>> = (0..4)
+            .map(|q| {
+                let prompt = format!("{system} another question {q}");
+                pick(&two, &busy, &empty, &prompt, q).unwrap().primary()
+            })
+            .collect();
+        assert!(
+            second.iter().all(|p| *p == second[0] && *p != Some(owner)),
+            "{second:?}"
+        );
+    }
+    // Without the prior a cold prompt goes by load, and equal loads tie at random.
+    let off = scheduler(
+        r#"{"plugins":[{"type":"approx-prefix-cache-producer","parameters":{"rendezvousPrior":false}},{"type":"queue-scorer"},{"type":"prefix-cache-scorer"}]}"#,
+    );
+    let prompt = "Tenant 0 system prompt: be brief and cite sources. ".repeat(12);
+    let spread: std::collections::BTreeSet<Option<usize>> = (0..20)
+        .map(|seed| pick(&off, &c, &empty, &prompt, seed).unwrap().primary())
+        .collect();
+    assert!(spread.len() > 2, "{spread:?}");
 }
 
 #[wasm_bindgen_test(unsupported = test)]

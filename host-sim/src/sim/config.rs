@@ -28,6 +28,10 @@ pub struct SimConfig {
     pub seed: u64,
     /// Envoy `--concurrency`.
     pub workers: usize,
+    /// Independent Envoy processes (gateway replicas) in front of the same model servers,
+    /// each with its own VMs, shared data, queues, stats and workers; clients' connections
+    /// are spread over them as a Kubernetes Service spreads connections. 1 by default.
+    pub replicas: usize,
     /// The filter module.
     pub wasm: PathBuf,
     /// The plugin configuration (`on_configure`).
@@ -98,6 +102,7 @@ impl SimConfig {
         SimConfig {
             seed: 1,
             workers: 2,
+            replicas: 1,
             wasm: module::default_wasm_path(),
             plugin_config: plugin_config.to_string(),
             vm_config: String::new(),
@@ -153,6 +158,17 @@ impl SimConfig {
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n.max(1);
         self
+    }
+
+    /// With `n` gateway replicas (independent Envoy processes) in front of the same servers.
+    pub fn replicas(mut self, n: usize) -> Self {
+        self.replicas = n.max(1);
+        self
+    }
+
+    /// Thread slots of one replica: the base VM, the main thread and the workers.
+    pub fn slots_per_replica(&self) -> usize {
+        self.workers + 2
     }
 
     /// Keeping a readable trace.

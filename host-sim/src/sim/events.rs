@@ -130,6 +130,16 @@ pub(super) struct Events {
     pub(super) deferred_error: Option<anyhow::Error>,
 }
 
+/// The slot whose VM receives what is addressed to `slot`: a replica's base VM's thread
+/// is its main thread.
+fn main_if_base(slot: usize, per_replica: usize) -> usize {
+    if slot % per_replica == SLOT_BASE {
+        slot - SLOT_BASE + SLOT_MAIN
+    } else {
+        slot
+    }
+}
+
 /// Which VM an event needs.
 pub(super) enum Target {
     /// None: it can run while any VM is suspended.
@@ -148,6 +158,7 @@ impl Target {
         streams: &[super::stream::Stream],
         upstream: &HashMap<u64, UpReq>,
         vm_of_slot: &[Option<usize>],
+        per_replica: usize,
     ) -> Target {
         let of_slot = |slot: usize| {
             vm_of_slot
@@ -161,7 +172,7 @@ impl Target {
             if s.started() {
                 Target::Vm(s.vm)
             } else {
-                of_slot(slot_of_worker(s.worker))
+                of_slot(s.replica * per_replica + slot_of_worker(s.worker))
             }
         };
         match ev {
@@ -169,9 +180,7 @@ impl Target {
             Ev::Tick { vm, .. } | Ev::CalloutDone { vm, .. } | Ev::CalloutTimeout { vm, .. } => {
                 Target::Vm(*vm)
             }
-            Ev::QueueReady { slot, .. } => {
-                of_slot(if *slot == SLOT_BASE { SLOT_MAIN } else { *slot })
-            }
+            Ev::QueueReady { slot, .. } => of_slot(main_if_base(*slot, per_replica)),
             Ev::Headers { rid }
             | Ev::Body { rid, .. }
             | Ev::BodyEnd { rid }
@@ -323,7 +332,7 @@ impl Sim {
     /// `on_queue_ready`, delivered to the slot's current thread-local VM (the base VM's
     /// thread is the main thread's) if its root is the one that registered the queue.
     fn on_queue_ready(&mut self, slot: usize, root: u32, token: u32) {
-        let slot = if slot == SLOT_BASE { SLOT_MAIN } else { slot };
+        let slot = main_if_base(slot, self.cfg.slots_per_replica());
         if let Some(vm) = self.vms.by_slot[slot] {
             let known = self.vms[vm].store.data().root_id == root;
             if known && !self.root_deleted(vm) {

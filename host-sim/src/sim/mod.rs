@@ -128,7 +128,8 @@ impl Sim {
     /// A process with `cfg`: loads (or reuses) the compiled module and schedules the VMs'
     /// start. Nothing runs until [`Sim::run`].
     pub fn new(cfg: SimConfig) -> Result<Sim> {
-        let slots = cfg.workers + 2;
+        let per = cfg.slots_per_replica();
+        let slots = per * cfg.replicas;
         let mut sim = Sim {
             now: 0,
             rng: Rng::new(cfg.seed, 1),
@@ -143,10 +144,18 @@ impl Sim {
         };
         // The base VM is created when the configuration loads; the thread-local VMs of the
         // main thread and the workers follow on their threads, in no fixed order.
-        sim.push(0, Ev::VmStart { slot: SLOT_BASE });
-        for slot in SLOT_MAIN..slots {
-            let at = 1 + sim.rng.below(sim.cfg.vm_start_jitter.max(1));
-            sim.push(at, Ev::VmStart { slot });
+        for r in 0..sim.cfg.replicas {
+            let base = r * per;
+            sim.push(
+                0,
+                Ev::VmStart {
+                    slot: base + SLOT_BASE,
+                },
+            );
+            for slot in base + SLOT_MAIN..base + per {
+                let at = 1 + sim.rng.below(sim.cfg.vm_start_jitter.max(1));
+                sim.push(at, Ev::VmStart { slot });
+            }
         }
         Ok(sim)
     }
@@ -185,6 +194,7 @@ impl Sim {
                 headers: Vec::new(),
                 body: Vec::new(),
                 worker: None,
+                replica: 0,
                 endpoint: None,
                 sent_at: spec.at,
                 enqueued_at: None,
@@ -194,11 +204,21 @@ impl Sim {
                 data_at: Vec::new(),
                 finished_at: None,
             });
+            let replica = match spec.replica {
+                Some(r) => r.min(self.cfg.replicas - 1),
+                None => {
+                    self.requests
+                        .conns
+                        .replica(spec.connection, self.cfg.replicas, &mut self.rng)
+                }
+            };
+            self.requests.outcomes[rid].replica = replica;
             let worker =
                 self.requests
                     .conns
                     .worker(spec.connection, self.cfg.workers, &mut self.rng);
             self.requests.streams.push(Stream {
+                replica,
                 worker,
                 ..Stream::default()
             });
@@ -232,9 +252,10 @@ impl Sim {
         self.record.yields
     }
 
-    /// Conditional shared-data writes refused because another VM wrote first.
+    /// Conditional shared-data writes refused because another VM wrote first (in the
+    /// first replica).
     pub fn cas_mismatches(&self) -> u64 {
-        lock(&self.process.shared).cas_mismatches
+        lock(&self.process.shared[0]).cas_mismatches
     }
 
     /// How many times each injected fault fired, in the order they were added.
@@ -295,10 +316,19 @@ impl Sim {
         &self.requests.outcomes[id]
     }
 
-    /// The Prometheus text (`/stats/prometheus`) of the process's stats.
+    /// The Prometheus text (`/stats/prometheus`) of the process's stats (the first
+    /// replica's; see [`Sim::replica_prometheus`]).
     pub fn prometheus(&self) -> String {
+        self.replica_prometheus(0)
+    }
+
+    /// The Prometheus text (`/stats/prometheus`) of gateway replica `r`'s stats.
+    pub fn replica_prometheus(&self, r: usize) -> String {
+        let Some(shared) = self.process.shared.get(r) else {
+            return String::new();
+        };
         prometheus::render(
-            &lock(&self.process.shared).stats,
+            &lock(shared).stats,
             &self.cfg.tag_rules,
             &self.cfg.histogram_buckets,
         )
@@ -309,16 +339,16 @@ impl Sim {
         prometheus::value(&self.prometheus(), series)
     }
 
-    /// A shared-data value (host-side view).
+    /// A shared-data value (host-side view; the first replica's).
     pub fn shared_data(&self, key: &str) -> Option<Vec<u8>> {
-        lock(&self.process.shared)
+        lock(&self.process.shared[0])
             .peek(&self.cfg.vm_id, key)
             .map(<[u8]>::to_vec)
     }
 
-    /// The plugin's shared data: how many keys, and their keys' and values' total bytes.
+    /// The plugin's shared data (the first replica's): how many keys, and their keys' and values' total bytes.
     pub fn shared_data_footprint(&self) -> (usize, usize) {
-        lock(&self.process.shared).footprint(&self.cfg.vm_id)
+        lock(&self.process.shared[0]).footprint(&self.cfg.vm_id)
     }
 
     /// Requests in flight at the model server `addr` right now (sent, not finished).

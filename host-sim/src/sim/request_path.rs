@@ -7,11 +7,11 @@ use super::stream::{Hold, Phase, RequestProgress};
 use super::upstreams::{UpRef, UpReq};
 use super::{FailurePolicy, Sim};
 use crate::host::vm::{Callback, HttpData};
-use crate::slot_of_worker;
 use crate::world::balancers::{Candidate, Pick};
 use crate::world::clock::US;
 use crate::world::outcomes::Final;
 use crate::world::upstream::UpstreamRequest;
+use crate::{replica_slot, slot_of_worker};
 use anyhow::Result;
 
 impl Sim {
@@ -22,9 +22,12 @@ impl Sim {
         if self.requests.outcomes[rid].fin != Final::Pending {
             return Ok(()); // the client already gave up
         }
-        let worker = self.requests.streams[rid].worker;
+        let (replica, worker) = {
+            let s = &self.requests.streams[rid];
+            (s.replica, s.worker)
+        };
         self.requests.outcomes[rid].worker = Some(worker);
-        let slot = slot_of_worker(worker);
+        let slot = replica_slot(replica, self.cfg.workers, slot_of_worker(worker));
         let mut vm = self.vms.by_slot[slot];
         let mut filter = true;
         if let Some(v) = vm {
@@ -339,7 +342,8 @@ impl Sim {
         let spec = &self.requests.specs[sid];
         let pick = Pick {
             now: self.now,
-            worker: self.requests.streams[sid].worker,
+            worker: self.requests.streams[sid].replica * self.cfg.workers
+                + self.requests.streams[sid].worker,
             path: &spec.path,
             body: &spec.body,
             candidates: &candidates,

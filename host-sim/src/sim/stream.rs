@@ -97,7 +97,9 @@ pub(super) enum Answer {
 /// Envoy's stream for one request.
 #[derive(Default)]
 pub(super) struct Stream {
-    /// The worker the request's connection landed on.
+    /// The gateway replica (Envoy process) the request's connection landed on.
+    pub(super) replica: usize,
+    /// The worker (of that replica) the request's connection landed on.
     pub(super) worker: usize,
     /// The VM whose filter handles it (set when Envoy sees the headers).
     pub(super) vm: usize,

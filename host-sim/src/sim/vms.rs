@@ -114,13 +114,14 @@ impl Sim {
     pub(super) fn run_concurrent(&mut self) {
         let until = self.now + self.cfg.preempt_window;
         let busy = self.vms.busy.clone();
-        let (streams, upstream, by_slot) = (
+        let (streams, upstream, by_slot, per) = (
             &self.requests.streams,
             &self.upstreams.active,
             &self.vms.by_slot,
+            self.cfg.slots_per_replica(),
         );
         let next = self.events.queue.pop_matching(until, |ev| {
-            match Target::of(ev, streams, upstream, by_slot) {
+            match Target::of(ev, streams, upstream, by_slot, per) {
                 Target::Free => true,
                 Target::Vm(v) => !busy.contains(&v),
                 Target::All => false,
@@ -245,7 +246,7 @@ impl Sim {
     /// Re-arms the VM's tick if the callback changed its period (a new generation).
     pub(super) fn after_call_tick(&mut self, vm: usize, period: u32) {
         // The base VM never ticks in Envoy.
-        if self.vms.slot[vm] == SLOT_BASE {
+        if self.vms.slot[vm] % self.cfg.slots_per_replica() == SLOT_BASE {
             return;
         }
         let ticks = self.vms.ticks[vm];
@@ -321,7 +322,7 @@ impl Sim {
     pub(super) fn outgoing(&mut self, vm: usize, o: Outgoing) {
         match o {
             Outgoing::QueueReady { slot, root, token } => {
-                let lat = if slot >= 2 {
+                let lat = if slot % self.cfg.slots_per_replica() >= 2 {
                     self.cfg.network.queue_worker
                 } else {
                     self.cfg.network.queue_main
@@ -442,7 +443,8 @@ impl Sim {
         if !self.vms.callouts.remove(&(vm, token)) {
             return; // already answered (or timed out)
         }
-        let _ = self.process.callouts_in_flight.fetch_update(
+        let replica = self.vms.slot[vm] / self.cfg.slots_per_replica();
+        let _ = self.process.callouts_in_flight[replica].fetch_update(
             Ordering::Relaxed,
             Ordering::Relaxed,
             |n| Some(n.saturating_sub(1)),

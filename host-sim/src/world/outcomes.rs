@@ -32,6 +32,8 @@ pub struct Outcome {
     pub body: Vec<u8>,
     /// The worker whose Envoy thread handled it.
     pub worker: Option<usize>,
+    /// The gateway replica (Envoy process) its connection landed on (0 with one).
+    pub replica: usize,
     /// The endpoint the router sent it to.
     pub endpoint: Option<String>,
     /// Sent by the client.

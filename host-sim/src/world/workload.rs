@@ -29,6 +29,9 @@ pub struct RequestSpec {
     pub disconnect_after: Option<Nanos>,
     /// Requests with the same connection id share a connection (and so a worker).
     pub connection: Option<u64>,
+    /// The gateway replica the client connects to directly (a pod address rather than
+    /// the Service's); `None`: the Service picks one per connection.
+    pub replica: Option<usize>,
     /// A label for the test's own bookkeeping (tenant, class, ...).
     pub label: String,
 }
@@ -44,6 +47,7 @@ impl RequestSpec {
             body: body.into(),
             disconnect_after: None,
             connection: None,
+            replica: None,
             label: String::new(),
         }
     }
@@ -86,6 +90,12 @@ impl RequestSpec {
     /// On connection `id`.
     pub fn on_connection(mut self, id: u64) -> Self {
         self.connection = Some(id);
+        self
+    }
+
+    /// Sent to gateway replica `r` directly (see [`RequestSpec::replica`]).
+    pub fn to_replica(mut self, r: usize) -> Self {
+        self.replica = Some(r);
         self
     }
 

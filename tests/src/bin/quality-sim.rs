@@ -11,13 +11,22 @@
 //!   default thresholds (host-sim's, from the documented algorithm; not the router
 //!   itself).
 //!
-//! Each (side, QPS) is a fresh world: `--warmup` seconds of arrivals at that QPS, then
+//! With `--replicas R1,R2,..` each side runs behind R independent gateway replicas (Envoy
+//! processes with their own shared data, workers and filter VMs, as the pods of an Istio
+//! ingress Deployment) in front of the same servers, every request on a new connection
+//! that the Service spreads uniformly over the replicas (`--clients N`: N keep-alive
+//! connections instead). The stand-in balancers keep one state for all replicas (their
+//! per-worker cursors are per replica's worker), which flatters them at R > 1.
+//!
+//! Each (replicas, side, QPS) is a fresh world: `--warmup` seconds of arrivals at that QPS, then
 //! `--seconds` measured; every side gets the identical request sequence and arrival
 //! times. Reported over the requests sent in the measured window: TTFT p50/p90/p99, ITL
 //! p50/p90 (gaps between streamed chunks, pooled), output tokens/s, the prefix-cache hit
 //! rate the servers report (their counters' deltas over the window), the servers'
 //! waiting queue (mean over 0.5 s samples, summed over the pool) and the share of
-//! requests per server. Everything is a function of `--seed`; the wall time of each run is
+//! requests per server, and the requests in flight at the servers (sent by the gateway,
+//! not finished; sampled every 100 ms over the window: mean and max), which with flow
+//! control shows how far the pool-wide bound exceeds the configured one. Everything is a function of `--seed`; the wall time of each run is
 //! printed too.
 //!
 //! `cargo run --release -p tests --features virtual --bin quality-sim -- --help`
@@ -48,7 +57,10 @@ const HELP: &str = "quality-sim: routing quality in virtual time (host-sim + vll
   --zipf S               Zipf exponent over groups, 0 = uniform [0]
   --max-num-seqs N       per server [8]
   --kv-blocks N          KV blocks of 16 tokens per server [1024]
-  --workers N            Envoy workers [4]
+  --workers N            Envoy workers per replica [4]
+  --replicas A,B,C       gateway replicas (independent Envoys) in front of the pool [1]
+  --clients N            keep-alive client connections, requests spread round robin over
+                         them; 0 = a new connection per request [0]
   --filter-config FILE   the filter's plugin configuration (JSON); pool.endpoints is set
                          to the simulated servers [default profile]
   --wasm FILE            the filter module [target/wasm32-wasip1/release/epp_filter.wasm]
@@ -68,6 +80,8 @@ struct Args {
     max_num_seqs: usize,
     kv_blocks: usize,
     workers: usize,
+    replicas: Vec<usize>,
+    clients: u64,
     filter_config: Value,
     wasm: Option<std::path::PathBuf>,
     seed: u64,
@@ -95,6 +109,8 @@ fn parse_args() -> anyhow::Result<Args> {
         max_num_seqs: 8,
         kv_blocks: 1024,
         workers: 4,
+        replicas: vec![1],
+        clients: 0,
         filter_config: json!({}),
         wasm: None,
         seed: 1,
@@ -132,6 +148,14 @@ fn parse_args() -> anyhow::Result<Args> {
             "--max-num-seqs" => a.max_num_seqs = v.parse().map_err(|e| bad(&e))?,
             "--kv-blocks" => a.kv_blocks = v.parse().map_err(|e| bad(&e))?,
             "--workers" => a.workers = v.parse().map_err(|e| bad(&e))?,
+            "--replicas" => {
+                a.replicas = v
+                    .split(',')
+                    .map(|q| q.trim().parse::<usize>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| bad(&e))?
+            }
+            "--clients" => a.clients = v.parse().map_err(|e| bad(&e))?,
             "--filter-config" => {
                 let text = std::fs::read_to_string(&v).map_err(|e| bad(&e))?;
                 a.filter_config = serde_json::from_str(&text).map_err(|e| bad(&e))?;
@@ -150,12 +174,17 @@ fn parse_args() -> anyhow::Result<Args> {
         );
     }
     anyhow::ensure!(a.servers > 0 && !a.qps.is_empty(), "--servers and --qps");
+    anyhow::ensure!(
+        !a.replicas.is_empty() && a.replicas.iter().all(|&r| r > 0),
+        "--replicas: at least one, each > 0"
+    );
     Ok(a)
 }
 
 /// What one (side, QPS) run measured.
 struct Measured {
     side: String,
+    replicas: usize,
     qps: f64,
     sent: usize,
     statuses: BTreeMap<String, usize>,
@@ -165,6 +194,8 @@ struct Measured {
     window_s: f64,
     hit_rate: Option<f64>,
     waiting_mean: f64,
+    in_flight_mean: f64,
+    in_flight_max: u64,
     share: Vec<f64>,
     wall_s: f64,
 }
@@ -198,7 +229,7 @@ fn output_tokens(body: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
-fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Measured> {
+fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measured> {
     let wall = Instant::now();
     let eps: Vec<String> = (0..a.servers)
         .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250 + 1))
@@ -210,6 +241,7 @@ fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Measured> {
     config["pool"]["endpoints"] = json!(eps);
     let mut cfg = SimConfig::new(&config.to_string())
         .workers(a.workers)
+        .replicas(replicas)
         .seed(a.seed)
         .checks(a.check_invariants);
     if let Some(w) = &a.wasm {
@@ -253,13 +285,18 @@ fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Measured> {
             break;
         }
         let r = workload.next_request(i as u64);
-        specs.push(RequestSpec::post("/v1/completions", r.body).at(t).label(
-            if t >= measure_from {
-                "measure"
-            } else {
-                "warmup"
-            },
-        ));
+        let mut spec =
+            RequestSpec::post("/v1/completions", r.body)
+                .at(t)
+                .label(if t >= measure_from {
+                    "measure"
+                } else {
+                    "warmup"
+                });
+        if a.clients > 0 {
+            spec = spec.on_connection(i as u64 % a.clients);
+        }
+        specs.push(spec);
     }
     sim.add_requests(specs);
 
@@ -272,26 +309,33 @@ fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Measured> {
     sim.run_until(measure_from)?;
     let before = counters(&servers);
     let mut waiting = Vec::new();
+    let mut in_flight = Vec::new();
     let mut t = measure_from;
+    let mut step = 0u64;
     while t < end {
-        t += SEC / 2;
+        t += 100 * MS;
+        step += 1;
         sim.run_until(t)?;
-        waiting.push(
-            servers
-                .iter()
-                .map(|s| s.borrow().snapshot().waiting as f64)
-                .sum::<f64>(),
-        );
+        in_flight.push(eps.iter().map(|e| sim.in_flight(e)).sum::<u64>());
+        if step.is_multiple_of(5) {
+            waiting.push(
+                servers
+                    .iter()
+                    .map(|s| s.borrow().snapshot().waiting as f64)
+                    .sum::<f64>(),
+            );
+        }
     }
     let answered = sim.run_until_answered(end + 600 * SEC)?;
     anyhow::ensure!(
         answered,
-        "{side} at {qps} QPS: requests still unanswered 600 s after the last arrival"
+        "{side} at {qps} QPS, {replicas} replicas: requests still unanswered 600 s after the last arrival"
     );
     let after = counters(&servers);
 
     let mut r = Measured {
         side: side.to_string(),
+        replicas,
         qps,
         sent: 0,
         statuses: BTreeMap::new(),
@@ -301,6 +345,8 @@ fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Measured> {
         window_s: 0.0,
         hit_rate: None,
         waiting_mean: waiting.iter().sum::<f64>() / waiting.len().max(1) as f64,
+        in_flight_mean: in_flight.iter().sum::<u64>() as f64 / in_flight.len().max(1) as f64,
+        in_flight_max: in_flight.iter().copied().max().unwrap_or(0),
         share: Vec::new(),
         wall_s: 0.0,
     };
@@ -355,7 +401,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "{} servers (vllm-sim h100-llama-8b, max-num-seqs {}, {} KV tokens each), {} Envoy workers; \
          {} groups × {} prompts, system {} + question {} tokens, output {}{}; prefix demand \
-         {demand} tokens = {:.1}× a server's KV, {:.0} % of the pool's; warm-up {} s, measured {} s per step; seed {}",
+         {demand} tokens = {:.1}× a server's KV, {:.0} % of the pool's; warm-up {} s, measured {} s per step; {}; seed {}",
         a.servers,
         a.max_num_seqs,
         kv,
@@ -370,15 +416,24 @@ fn main() -> anyhow::Result<()> {
         100.0 * demand as f64 / (kv * a.servers as u64) as f64,
         a.warmup,
         a.seconds,
+        if a.clients > 0 {
+            format!("{} keep-alive client connections", a.clients)
+        } else {
+            "a new connection per request".to_string()
+        },
         a.seed
     );
     println!();
-    println!("| QPS | side | TTFT p50 / p90 / p99 ms | ITL p50 / p90 ms | output tok/s | prefix hit rate | servers' waiting (mean) | share per server % (min–max) | statuses | wall s |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| replicas | QPS | side | TTFT p50 / p90 / p99 ms | ITL p50 / p90 ms | output tok/s | prefix hit rate | servers' waiting (mean) | in flight at servers (mean / max) | share per server % (min–max) | statuses | wall s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
-    for &qps in &a.qps {
+    for (&replicas, &qps) in a
+        .replicas
+        .iter()
+        .flat_map(|r| a.qps.iter().map(move |q| (r, q)))
+    {
         for side in &a.sides {
-            let r = run(&a, side, qps)?;
+            let r = run(&a, side, replicas, qps)?;
             let ttft = Summary::of(&r.ttft);
             let itl = Summary::of(&r.itl);
             let (lo, hi) = r
@@ -386,7 +441,8 @@ fn main() -> anyhow::Result<()> {
                 .iter()
                 .fold((f64::MAX, 0.0f64), |(l, h), v| (l.min(*v), h.max(*v)));
             println!(
-                "| {} | {} | {} | {} | {:.0} | {} | {:.1} | {:.1}–{:.1} | {:?} | {:.1} |",
+                "| {} | {} | {} | {} | {} | {:.0} | {} | {:.1} | {:.1} / {} | {:.1}–{:.1} | {:?} | {:.1} |",
+                r.replicas,
                 r.qps,
                 side_label(&r.side),
                 fmt3(&ttft, |s| vec![s.p50, s.p90, s.p99]),
@@ -396,12 +452,15 @@ fn main() -> anyhow::Result<()> {
                 r.hit_rate
                     .map_or("-".into(), |h| format!("{:.1} %", 100.0 * h)),
                 r.waiting_mean,
+                r.in_flight_mean,
+                r.in_flight_max,
                 lo,
                 hi,
                 r.statuses,
                 r.wall_s
             );
             all.push(json!({
+                "replicas": r.replicas,
                 "qps": r.qps,
                 "side": r.side,
                 "sent": r.sent,
@@ -411,6 +470,8 @@ fn main() -> anyhow::Result<()> {
                 "output_tokens_per_s": r.output_tokens as f64 / r.window_s.max(1e-9),
                 "prefix_hit_rate": r.hit_rate,
                 "servers_waiting_mean": r.waiting_mean,
+                "in_flight_mean": r.in_flight_mean,
+                "in_flight_max": r.in_flight_max,
                 "share_percent": r.share,
                 "wall_s": r.wall_s,
             }));

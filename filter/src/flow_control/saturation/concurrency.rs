@@ -2,6 +2,10 @@
 //! capacity, `Σ in-flight / (endpoints × maxConcurrency)`; an empty pool is 1.0.
 //! In-flight counts come from the gateway's own cross-worker accounting, so they are
 //! exact (the reference's version reads zero here: a known bug not copied).
+//!
+//! They are exact *per gateway*: R gateway replicas (Envoy pods) each count their own. With
+//! `gatewayReplicas: R` each replica takes `1/R` of the capacity, so the pool-wide bound
+//! stays near `maxConcurrency` per endpoint without a shared store.
 
 use super::PoolLoad;
 use crate::config::{ConfigError, Params as Parameters};
@@ -30,6 +34,8 @@ pub struct Params {
     pub max_token_concurrency: u64,
     /// `headroom` (default 0): loosens the filter role only.
     pub headroom: f64,
+    /// `gatewayReplicas` (default 1): gateway replicas sharing the capacity equally.
+    pub gateway_replicas: u64,
 }
 
 impl Default for Params {
@@ -39,6 +45,7 @@ impl Default for Params {
             max_concurrency: 100,
             max_token_concurrency: 1_000_000,
             headroom: 0.0,
+            gateway_replicas: 1,
         }
     }
 }
@@ -54,6 +61,7 @@ impl Params {
                 "maxConcurrency",
                 "maxTokenConcurrency",
                 "headroom",
+                "gatewayReplicas",
             ],
         )?;
         let err = |key: &str, reason: &str| ConfigError {
@@ -81,6 +89,9 @@ impl Params {
         if let Some(n) = positive("maxTokenConcurrency")? {
             p.max_token_concurrency = n;
         }
+        if let Some(n) = positive("gatewayReplicas")? {
+            p.gateway_replicas = n;
+        }
         if let Some(h) = params.number("headroom")? {
             if h < 0.0 {
                 return Err(err("headroom", "must be non-negative"));
@@ -90,30 +101,33 @@ impl Params {
         Ok(p)
     }
 
-    fn capacity(&self) -> u64 {
-        match self.mode {
+    /// This gateway's capacity per endpoint: its share of `maxConcurrency` (or
+    /// `maxTokenConcurrency`) among `gatewayReplicas`.
+    fn capacity(&self) -> f64 {
+        let whole = match self.mode {
             Mode::Requests => self.max_concurrency,
             Mode::Tokens => self.max_token_concurrency,
-        }
+        };
+        whole as f64 / self.gateway_replicas.max(1) as f64
     }
 
     /// Pool saturation.
     pub fn saturation(&self, pool: &PoolLoad<'_>) -> f64 {
-        let total = self.capacity().saturating_mul(pool.endpoint_count as u64);
-        if total == 0 {
+        let total = self.capacity() * pool.endpoint_count as f64;
+        if total <= 0.0 {
             return 1.0;
         }
         let load = match self.mode {
             Mode::Requests => pool.in_flight_requests,
             Mode::Tokens => pool.in_flight_tokens,
         };
-        load as f64 / total as f64
+        load as f64 / total
     }
 
     /// Filter role: whether an endpoint with this load stays a candidate
     /// (`load < capacity × (1 + headroom)`; no fail-open, as in the reference).
     pub fn keep(&self, requests: u64, tokens: u64) -> bool {
-        let limit = (self.capacity() as f64 * (1.0 + self.headroom)) as u64;
+        let limit = (self.capacity() * (1.0 + self.headroom)) as u64;
         let load = match self.mode {
             Mode::Requests => requests,
             Mode::Tokens => tokens,
@@ -165,6 +179,30 @@ mod tests {
             ..Params::default()
         };
         assert!((t.saturation(&pool(2, 1, 500)) - 0.25).abs() < 1e-9);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn each_of_r_gateway_replicas_takes_its_share_of_the_capacity() {
+        let p = Params::parse(&json!({"maxConcurrency": 8, "gatewayReplicas": 4}), "x").unwrap();
+        // 16 endpoints × 8 = 128 pool-wide; this replica's share is 32.
+        assert!((p.saturation(&pool(16, 16, 0)) - 0.5).abs() < 1e-9);
+        assert!((p.saturation(&pool(16, 32, 0)) - 1.0).abs() < 1e-9);
+        assert!(
+            p.keep(1, 0) && !p.keep(2, 0),
+            "2 per endpoint from this replica"
+        );
+        // Shares need not be whole: 8 over 3 replicas is 2.67 per endpoint.
+        let p = Params::parse(&json!({"maxConcurrency": 8, "gatewayReplicas": 3}), "x").unwrap();
+        assert!((p.saturation(&pool(3, 8, 0)) - 1.0).abs() < 1e-9);
+        for bad in [
+            json!({"gatewayReplicas": 0}),
+            json!({"gatewayReplicas": 1.5}),
+        ] {
+            assert_eq!(
+                Params::parse(&bad, "x").unwrap_err().path,
+                "x.gatewayReplicas"
+            );
+        }
     }
 
     #[wasm_bindgen_test(unsupported = test)]

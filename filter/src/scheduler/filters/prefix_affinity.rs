@@ -77,7 +77,7 @@ impl Filter for PrefixAffinity {
         }
         let (sticky, rest): (Vec<usize>, Vec<usize>) = endpoints
             .iter()
-            .partition(|&&i| cx.prefix_match(i).ratio() >= self.threshold);
+            .partition(|&&i| cx.prefix_affinity(i).ratio() >= self.threshold);
         if sticky.is_empty() {
             return endpoints;
         }

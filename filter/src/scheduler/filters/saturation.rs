@@ -80,6 +80,7 @@ mod tests {
             request: &request,
             candidates: &c,
             prefix: &[],
+            prior: &[],
             estimates: &[],
         };
         let mut rng = Rng::new(0);

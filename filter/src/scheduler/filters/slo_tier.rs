@@ -84,6 +84,7 @@ mod tests {
             request: &request,
             candidates: &c,
             prefix: &[],
+            prior: &[],
             estimates: e,
         };
         f.filter(&cx, (0..e.len()).collect(), &mut Rng::new(seed))

@@ -266,6 +266,7 @@ mod tests {
             request: &request,
             candidates: c,
             prefix: &[],
+            prior: &[],
             estimates: e,
         };
         let all: Vec<usize> = (0..c.len()).collect();

@@ -134,6 +134,7 @@ mod tests {
             prefill: None,
             hashes: vec![],
             prefix: vec![],
+            prior: vec![],
             block_size_tokens: 16,
             disaggregated: false,
             estimates: vec![],

@@ -1,6 +1,6 @@
 //! `prefix-cache-scorer` (also registered as `prefix-scorer`, the seed's name, as the
 //! reference accepts it): `matchedBlocks / totalBlocks` from the approximate prefix index
-//! (0 when the request has no blocks). The index and its parameters are in `crate::prefix`.
+//! with the rendezvous prior (0 when the request has no blocks). The index and its parameters are in `crate::prefix`.
 
 use crate::config::ConfigError;
 use crate::prefix::PrefixConfig;
@@ -20,7 +20,7 @@ impl Scorer for PrefixCache {
     fn score(&self, cx: &Cycle<'_>, endpoints: &[usize]) -> Vec<f64> {
         endpoints
             .iter()
-            .map(|&i| cx.prefix_match(i).ratio())
+            .map(|&i| cx.prefix_affinity(i).ratio())
             .collect()
     }
 }

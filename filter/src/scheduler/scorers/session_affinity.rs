@@ -117,6 +117,7 @@ mod tests {
             request: &request,
             candidates: &c,
             prefix: &[],
+            prior: &[],
             estimates: &[],
         };
         assert_eq!(SessionAffinity.score(&cx, &all(&c)), vec![0.0, 1.0, 0.0]);
@@ -125,6 +126,7 @@ mod tests {
             request: &none,
             candidates: &c,
             prefix: &[],
+            prior: &[],
             estimates: &[],
         };
         assert_eq!(SessionAffinity.score(&cx, &all(&c)), vec![0.0, 0.0, 0.0]);

@@ -28,7 +28,9 @@ pub struct Candidate {
 pub struct Pick<'a> {
     /// Virtual time.
     pub now: Nanos,
-    /// The Envoy worker handling the request (per-worker balancers keep state per worker).
+    /// The Envoy worker handling the request (per-worker balancers keep state per worker);
+    /// with several gateway replicas, numbered across them (`replica × workers + worker`).
+    /// A balancer's other state (`cache_aware`'s tree) is one for all replicas.
     pub worker: usize,
     /// `:path`.
     pub path: &'a str,

@@ -21,8 +21,10 @@ const USAGE: &str = "\
 vllm-sim-bench: load generator for a running vllm-sim
 
   --url HOST:PORT      server [127.0.0.1:8000]
-  --mode short|stream  short: non-streamed completions, max_tokens 1;
-                       stream: streamed completions of --tokens tokens [stream]
+  --mode short|stream|metrics
+                       short: non-streamed completions, max_tokens 1;
+                       stream: streamed completions of --tokens tokens;
+                       metrics: GET /metrics, as a gateway's scrape [stream]
   --tokens N           tokens per streamed request [64]
   --concurrency N      connections, one request at a time each [32]
   --requests N         stop after this many requests [20000]
@@ -32,6 +34,7 @@ vllm-sim-bench: load generator for a running vllm-sim
 struct Args {
     addr: SocketAddr,
     stream: bool,
+    metrics: bool,
     tokens: u32,
     concurrency: usize,
     requests: u64,
@@ -42,6 +45,7 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         addr: "127.0.0.1:8000".parse().map_err(|_| "addr")?,
         stream: true,
+        metrics: false,
         tokens: 64,
         concurrency: 32,
         requests: 20_000,
@@ -61,9 +65,10 @@ fn parse_args() -> Result<Args, String> {
                 args.addr = v.parse().map_err(|_| bad())?;
             }
             "--mode" => {
-                args.stream = match value.as_str() {
-                    "stream" => true,
-                    "short" => false,
+                (args.stream, args.metrics) = match value.as_str() {
+                    "stream" => (true, false),
+                    "short" => (false, false),
+                    "metrics" => (false, true),
                     _ => return Err(bad()),
                 }
             }
@@ -116,12 +121,12 @@ async fn run(args: Args) {
     let mut tasks = Vec::new();
     for _ in 0..args.concurrency.max(1) {
         let (totals, issued, body) = (totals.clone(), issued.clone(), body.clone());
-        let (addr, limit) = (args.addr, args.requests);
+        let (addr, limit, metrics) = (args.addr, args.requests, args.metrics);
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             if let Err(e) = worker(
                 addr,
-                body,
+                if metrics { None } else { Some(body) },
                 limit,
                 deadline,
                 &issued,
@@ -152,7 +157,13 @@ async fn run(args: Args) {
     let tokens = totals.tokens.load(Ordering::Relaxed);
     println!(
         "mode={} concurrency={} requests={} errors={} seconds={:.2} requests/s={:.0} streamed_tokens/s={:.0} latency_ms p50={:.2} p99={:.2}",
-        if args.stream { "stream" } else { "short" },
+        if args.metrics {
+            "metrics"
+        } else if args.stream {
+            "stream"
+        } else {
+            "short"
+        },
         args.concurrency,
         requests,
         totals.errors.load(Ordering::Relaxed),
@@ -164,9 +175,10 @@ async fn run(args: Args) {
     );
 }
 
+/// One connection's loop: POST `/v1/completions` with `body`, or (`None`) GET `/metrics`.
 async fn worker(
     addr: SocketAddr,
-    body: Bytes,
+    body: Option<Bytes>,
     limit: u64,
     deadline: Instant,
     issued: &AtomicU64,
@@ -178,10 +190,15 @@ async fn worker(
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     while Instant::now() < deadline && issued.fetch_add(1, Ordering::Relaxed) < limit {
-        let req = Request::post("/v1/completions")
-            .header("host", "localhost")
-            .header("content-type", "application/json")
-            .body(Full::new(body.clone()))?;
+        let req = match &body {
+            None => Request::get("/metrics")
+                .header("host", "localhost")
+                .body(Full::new(Bytes::new()))?,
+            Some(body) => Request::post("/v1/completions")
+                .header("host", "localhost")
+                .header("content-type", "application/json")
+                .body(Full::new(body.clone()))?,
+        };
         let t0 = Instant::now();
         sender.ready().await?;
         let resp = sender.send_request(req).await?;

@@ -1,0 +1,219 @@
+//! The rendezvous prior: where a prefix goes when this gateway has not seen it yet.
+//!
+//! Every gateway replica learns its own prefix index from its own picks, so a prefix group
+//! whose requests arrive at R replicas would otherwise be cached on up to R servers. The
+//! prior lets replicas agree without talking: the *owner* of a prompt is the candidate with
+//! the highest `xxh64(address, seed = key)` (rendezvous, or highest-random-weight,
+//! hashing), where the key is the chained hash of the prompt's first `blocks` blocks (or of
+//! the whole prompt when it is shorter). It depends only on the prompt and the candidate
+//! set, so every replica computes the same owner, and when an endpoint leaves only the
+//! prompts it owned move.
+//!
+//! The prior applies only while the request is *cold for this gateway*: no candidate holds
+//! the key's blocks in the learned index. Then the prefix scorer and the affinity filter
+//! read the owner as if it held the whole prompt (`Cycle::prefix_affinity`); what reads
+//! cached tokens (the P/D decider, the latency predictor, the hit-ratio metric) still reads
+//! the learned index. Once this gateway has routed the prefix anywhere, the learned index
+//! decides as before. Load bounds it like any prefix match: the saturation filter leaves
+//! out an owner that is saturated, and the load scorers still count. With
+//! `rendezvousPriorChoices: 2` the second owner is taken to hold half the prompt, so every
+//! gateway falls back to the same server when the first is left out.
+
+use super::index::PrefixMatch;
+use xxhash_rust::xxh64::xxh64;
+
+/// The owner of `key` among `addresses`: the index with the highest rendezvous weight
+/// (ties, which need a 64-bit collision, go to the first). `None` without addresses.
+pub fn owner<'a>(key: u64, addresses: impl IntoIterator<Item = &'a str>) -> Option<usize> {
+    owners::<1>(key, addresses)[0]
+}
+
+/// The `N` highest-weight owners of `key`, best first (`None` past the addresses).
+pub fn owners<'a, const N: usize>(
+    key: u64,
+    addresses: impl IntoIterator<Item = &'a str>,
+) -> [Option<usize>; N] {
+    let mut best: [Option<(usize, u64)>; N] = [None; N];
+    for (i, a) in addresses.into_iter().enumerate() {
+        let mut cur = Some((i, xxh64(a.as_bytes(), key)));
+        // Insert into the sorted top N, shifting the lighter ones down.
+        for slot in best.iter_mut() {
+            let Some((_, w)) = cur else { break };
+            match *slot {
+                Some((_, b)) if b >= w => {}
+                _ => cur = std::mem::replace(slot, cur),
+            }
+        }
+    }
+    best.map(|b| b.map(|(i, _)| i))
+}
+
+/// Most owners the prior may promote (`rendezvousPriorChoices`).
+pub const MAX_CHOICES: usize = 4;
+
+/// The prior for one request, given the learned `matches` (one per candidate, in the
+/// order of `addresses`): when no candidate holds the first `blocks` blocks of `hashes`
+/// (all of them when fewer), the `choices` highest-weight owners of that prefix, best
+/// first, each with the blocks it is taken to hold: the whole prompt for the first, half
+/// as much for each next rank (the first owner wins unless clearly more loaded, and every
+/// gateway falls back to the same second owner). Empty when the prior does not
+/// apply (`blocks = 0`, `choices = 0`, no hashes, or a candidate holds the key's blocks).
+pub fn promote<'a>(
+    blocks: usize,
+    choices: usize,
+    hashes: &[u64],
+    matches: &[PrefixMatch],
+    addresses: impl IntoIterator<Item = &'a str>,
+) -> Vec<(usize, u32)> {
+    let depth = blocks.min(hashes.len());
+    let Some(&key) = depth.checked_sub(1).and_then(|d| hashes.get(d)) else {
+        return Vec::new();
+    };
+    let depth = u32::try_from(depth).unwrap_or(u32::MAX);
+    if choices == 0 || matches.iter().any(|m| m.matched >= depth) {
+        return Vec::new();
+    }
+    let total = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
+    owners::<MAX_CHOICES>(key, addresses)
+        .into_iter()
+        .take(choices)
+        .flatten()
+        .zip(0u32..)
+        .map(|(i, rank)| (i, total >> rank))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    fn addrs(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("10.0.0.{}:8000", i + 1)).collect()
+    }
+
+    fn cold(n: usize, total: u32) -> Vec<PrefixMatch> {
+        vec![
+            PrefixMatch {
+                matched: 0,
+                total,
+                block_size_tokens: 16
+            };
+            n
+        ]
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn owners_spread_evenly_and_only_the_removed_endpoints_keys_move() {
+        let a = addrs(16);
+        let owners: Vec<usize> = (0..16_000u64)
+            .map(|k| {
+                owner(
+                    k.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    a.iter().map(String::as_str),
+                )
+            })
+            .map(|o| o.unwrap_or(usize::MAX))
+            .collect();
+        let mut per = [0usize; 16];
+        for &o in &owners {
+            per[o] += 1;
+        }
+        assert!(
+            per.iter().all(|&n| (800..1200).contains(&n)),
+            "about 1,000 keys each: {per:?}"
+        );
+        // Without endpoint 5, its keys move elsewhere and no other key moves.
+        let fewer: Vec<&str> = a
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 5)
+            .map(|(_, s)| s.as_str())
+            .collect();
+        for (k, &before) in owners.iter().enumerate() {
+            let key = (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let after =
+                owner(key, fewer.iter().copied()).map(|o| a.iter().position(|s| s == fewer[o]));
+            if before != 5 {
+                assert_eq!(after, Some(Some(before)), "key {k} moved");
+            }
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_owner_does_not_depend_on_the_candidates_order() {
+        let a = addrs(8);
+        let mut rev = a.clone();
+        rev.reverse();
+        for key in [1u64, 42, 7_777, u64::MAX] {
+            let x = owner(key, a.iter().map(String::as_str)).map(|i| a[i].clone());
+            let y = owner(key, rev.iter().map(String::as_str)).map(|i| rev[i].clone());
+            assert_eq!(x, y);
+        }
+    }
+
+    fn promote_in(
+        a: &[String],
+        blocks: usize,
+        choices: usize,
+        hashes: &[u64],
+        m: &[PrefixMatch],
+    ) -> Vec<(usize, u32)> {
+        promote(blocks, choices, hashes, m, a.iter().map(String::as_str))
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_cold_prompt_goes_to_the_owner_of_its_leading_blocks() {
+        let a = addrs(8);
+        let hashes = [11u64, 22, 33, 44, 55];
+        let want = owner(33, a.iter().map(String::as_str)).unwrap_or(usize::MAX);
+        assert_eq!(
+            promote_in(&a, 3, 1, &hashes, &cold(8, 5)),
+            vec![(want, 5)],
+            "the owner is taken to hold the whole prompt"
+        );
+        // Another prompt with the same first three blocks has the same owner.
+        let other = [11u64, 22, 33, 99, 98, 97];
+        assert_eq!(promote_in(&a, 3, 1, &other, &cold(8, 6)), vec![(want, 6)]);
+        // A prompt shorter than the key's depth is keyed by all of its blocks.
+        let short = owner(22, a.iter().map(String::as_str)).unwrap_or(usize::MAX);
+        assert_eq!(
+            promote_in(&a, 3, 1, &hashes[..2], &cold(8, 2)),
+            vec![(short, 2)]
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn choices_promote_the_highest_weights_half_as_much_per_rank() {
+        let a = addrs(16);
+        for key in 0..200u64 {
+            let mut w: Vec<(u64, usize)> = a
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (xxh64(s.as_bytes(), key), i))
+                .collect();
+            w.sort_unstable_by(|x, y| y.cmp(x));
+            let top = owners::<MAX_CHOICES>(key, a.iter().map(String::as_str));
+            let want: Vec<Option<usize>> = w.iter().take(MAX_CHOICES).map(|x| Some(x.1)).collect();
+            assert_eq!(top.to_vec(), want, "key {key}");
+            let got = promote_in(&a, 8, 2, &[7, key], &cold(16, 2));
+            assert_eq!(got, vec![(w[0].1, 2), (w[1].1, 1)], "half as much per rank");
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_prefix_this_gateway_has_routed_is_left_to_the_learned_index() {
+        let a = addrs(4);
+        let hashes = [1u64, 2, 3, 4];
+        let mut m = cold(4, 4);
+        m[2].matched = 3;
+        assert!(promote_in(&a, 3, 1, &hashes, &m).is_empty());
+        // Fewer leading blocks than the key's depth: still cold.
+        m[2].matched = 2;
+        assert_eq!(promote_in(&a, 3, 1, &hashes, &m).len(), 1);
+        // Off, or nothing to hash: no prior.
+        assert!(promote_in(&a, 0, 1, &hashes, &cold(4, 4)).is_empty());
+        assert!(promote_in(&a, 3, 0, &hashes, &cold(4, 4)).is_empty());
+        assert!(promote_in(&a, 3, 1, &[], &cold(4, 0)).is_empty());
+    }
+}
