@@ -3,7 +3,11 @@
 //! * [`hash`] — chained, model-seeded xxhash64 block hashes of a prompt.
 //! * [`index`] — this VM's index: per-endpoint LRU of block hashes, and hash → holders.
 //! * [`shared`] — how every worker's index learns every pick: a ring log in shared data.
+//! * [`feedback`] — the servers' `cached_tokens` against the index's prediction: detected
+//!   evictions and each endpoint's learned capacity ([`evict`]: the index's side).
 
+pub mod evict;
+pub mod feedback;
 pub mod hash;
 pub mod index;
 pub mod shared;
@@ -22,6 +26,7 @@ pub const PARAMETERS: &[&str] = &[
     "maxPrefixBlocksToMatch",
     "maxPrefixTokensToMatch",
     "lruCapacityPerServer",
+    "cachedTokensFeedback",
 ];
 
 /// The prefix parameters (`approx-prefix-cache-producer`, or on `prefix-cache-scorer` as in
@@ -36,6 +41,10 @@ pub struct PrefixConfig {
     pub max_prefix_blocks: u64,
     /// LRU entries per endpoint when the engine's block count is unknown.
     pub lru_capacity_per_server: u64,
+    /// Correct the index from the `cached_tokens` servers report (`cachedTokensFeedback`,
+    /// on by default): detected evictions, and each endpoint's capacity learned below the
+    /// configured one.
+    pub feedback: bool,
 }
 
 /// Characters per token, as the reference's estimate.
@@ -48,6 +57,7 @@ impl Default for PrefixConfig {
             block_size_tokens: 16,
             max_prefix_blocks: 256,
             lru_capacity_per_server: 31_250,
+            feedback: true,
         }
     }
 }
@@ -86,11 +96,13 @@ impl PrefixConfig {
         let lru = params
             .positive("lruCapacityPerServer", 31_250)?
             .unsigned_abs();
+        let feedback = params.bool("cachedTokensFeedback", d.feedback)?;
         Ok(PrefixConfig {
             auto_tune,
             block_size_tokens,
             max_prefix_blocks: max_blocks,
             lru_capacity_per_server: lru,
+            feedback,
         })
     }
 }
