@@ -25,6 +25,13 @@ impl PrefixIndex {
             .collect()
     }
 
+    /// Insertions into `endpoint`'s LRU so far (the stamp of the latest; 0 when unknown).
+    pub fn clock(&self, endpoint: &str) -> u64 {
+        self.lru_of(endpoint)
+            .and_then(|id| self.lrus.get(id as usize))
+            .map_or(0, |l| l.clock)
+    }
+
     /// Entries of `endpoint` (0 when unknown).
     pub fn entries(&self, endpoint: &str) -> usize {
         self.lru_of(endpoint).map_or(0, |id| {

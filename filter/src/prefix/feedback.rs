@@ -34,12 +34,20 @@ pub struct Expectation {
     pub matched: u32,
     /// LRU stamps of those blocks before the pick refreshed them (`matched` of them).
     pub stamps: Vec<u64>,
+    /// The endpoint's LRU clock at the pick (the stamp of its latest insertion).
+    pub clock: u64,
+    /// Insertions within which a block may belong to a request still in flight on the
+    /// endpoint (its prefill not done, so not cached yet): requests in flight there at the
+    /// pick × this request's blocks. A miss on such a block is no evidence of eviction.
+    pub unsettled: u64,
     /// Characters per block.
     pub block_chars: u64,
     /// Characters of the prompt.
     pub prompt_chars: u64,
     /// The endpoint's configured capacity (the most the learned one grows to).
     pub ceiling: u64,
+    /// Whether the report corrects the index (`cachedTokensFeedback`), or is only counted.
+    pub correct: bool,
 }
 
 /// What the server reported in `usage`.
@@ -62,6 +70,9 @@ pub enum Correction {
         /// Stamp of the first credited block the server did not have.
         stamp: u64,
     },
+    /// The server missed a block the index credited, inserted so recently that it may be
+    /// another request's still in prefill: nothing is corrected.
+    Unsettled,
     /// The server held more than the index credited: grow the endpoint's capacity.
     Grow {
         /// The most it may grow to.
@@ -124,10 +135,14 @@ pub fn judge(e: &Expectation, prompt_tokens: u64, cached_tokens: u64) -> Option<
     let total_blocks = u64::try_from(e.hashes.len()).unwrap_or(u64::MAX);
     let tolerance = (matched / 8).max(2);
     let correction = if reported_blocks + tolerance < matched {
-        usize::try_from(reported_blocks)
+        match usize::try_from(reported_blocks)
             .ok()
             .and_then(|i| e.stamps.get(i))
-            .map_or(Correction::None, |&stamp| Correction::Evicted { stamp })
+        {
+            Some(&stamp) if e.clock.saturating_sub(stamp) < e.unsettled => Correction::Unsettled,
+            Some(&stamp) => Correction::Evicted { stamp },
+            None => Correction::None,
+        }
     } else if reported_blocks > matched + tolerance.max(total_blocks / 8) {
         Correction::Grow { ceiling: e.ceiling }
     } else {
@@ -155,9 +170,12 @@ pub fn shrunk(remaining: usize, request_blocks: usize) -> usize {
 /// Applies `correction` of a request expected as `e` to `index`; returns the endpoint's
 /// new capacity when it changed (for the other workers: `super::shared::publish_capacity`).
 pub fn apply(index: &mut PrefixIndex, e: &Expectation, correction: &Correction) -> Option<usize> {
+    if !e.correct {
+        return None;
+    }
     let current = index.capacity(&e.endpoint)?;
     let capacity = match *correction {
-        Correction::None => return None,
+        Correction::None | Correction::Unsettled => return None,
         Correction::Evicted { stamp } => {
             index.evict_through(&e.endpoint, stamp);
             // Serving the request cached its blocks on the server again.
@@ -184,12 +202,51 @@ fn scale(v: u64, num: u64, den: u64) -> u64 {
     u64::try_from(u128::from(v) * u128::from(num) / u128::from(den)).unwrap_or(u64::MAX)
 }
 
+/// Bytes read from the end of each response chunk of a watched request: vLLM's `usage`
+/// and what follows it (the end of a body, or `data: [DONE]`) fit easily.
+pub const TAIL: usize = 1024;
+/// Bytes of the previous chunk kept before the next (a `usage` split between two chunks).
+const CARRY: usize = 320;
+
+/// One routed request watched for the `usage` at the end of its response.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Watch {
+    /// What the index predicted.
+    pub expected: Expectation,
+    /// The latest `usage` seen.
+    pub report: Report,
+    carry: Vec<u8>,
+}
+
+impl Watch {
+    /// Watches a request expected as `expected`.
+    pub fn new(expected: Expectation) -> Self {
+        Self {
+            expected,
+            ..Self::default()
+        }
+    }
+
+    /// The end (at most [`TAIL`] bytes) of the next response chunk.
+    pub fn chunk(&mut self, tail: &[u8]) {
+        let mut window = std::mem::take(&mut self.carry);
+        window.extend_from_slice(tail);
+        let report = parse_usage(&window);
+        if report.prompt_tokens.is_some() {
+            self.report = report;
+        }
+        let keep = window.len().saturating_sub(CARRY);
+        self.carry = window.split_off(keep);
+    }
+}
+
 /// The `usage` of a response chunk (`window`: the chunk's tail, with the previous chunk's
 /// tail before it): the last `prompt_tokens` and `cached_tokens` in it. Streamed chunks
 /// carry `"usage":null` until the usage chunk, which has no choices.
 pub fn parse_usage(window: &[u8]) -> Report {
     Report {
-        prompt_tokens: number_after(window, b"\"prompt_tokens\""),
+        prompt_tokens: number_after(window, b"\"prompt_tokens\"")
+            .or_else(|| number_after(window, b"\"input_tokens\"")),
         cached_tokens: number_after(window, b"\"cached_tokens\""),
     }
 }
@@ -218,9 +275,12 @@ mod tests {
             hashes: (0..20).collect(),
             matched,
             stamps: (100..100 + u64::from(matched)).collect(),
+            clock: 500,
+            unsettled: 0,
             block_chars: 64,
             prompt_chars: 1280,
             ceiling: 1000,
+            correct: true,
         }
     }
 
@@ -234,6 +294,27 @@ mod tests {
         // A complete miss points at the first credited block.
         let v = judge(&expectation(16), 320, 0).unwrap();
         assert_eq!(v.correction, Correction::Evicted { stamp: 100 });
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_miss_on_blocks_requests_in_flight_may_still_be_computing_is_not_an_eviction() {
+        // Block 4 was inserted 396 insertions before the pick (stamp 104, clock 500).
+        let busy = Expectation {
+            unsettled: 397,
+            ..expectation(16)
+        };
+        assert_eq!(
+            judge(&busy, 320, 64).unwrap().correction,
+            Correction::Unsettled
+        );
+        let settled = Expectation {
+            unsettled: 396,
+            ..expectation(16)
+        };
+        assert_eq!(
+            judge(&settled, 320, 64).unwrap().correction,
+            Correction::Evicted { stamp: 104 }
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]
@@ -279,9 +360,12 @@ mod tests {
             hashes: vec![10, 11, 12],
             matched: 3,
             stamps: ix.stamps("a", &[10, 11, 12]),
+            clock: ix.clock("a"),
+            unsettled: 4,
             block_chars: 64,
             prompt_chars: 192,
             ceiling: 100,
+            correct: true,
         };
         ix.insert("a", &e.hashes, 100); // the pick
                                         // The server had none of it: it evicted prompt 1, so prompt 0 too.
@@ -296,6 +380,12 @@ mod tests {
         let grow = Correction::Grow { ceiling: 100 };
         assert_eq!(apply(&mut ix, &e, &grow), Some(18));
         assert_eq!(apply(&mut ix, &e, &Correction::None), None);
+        let observed = Expectation {
+            correct: false,
+            ..e.clone()
+        };
+        assert_eq!(apply(&mut ix, &observed, &grow), None, "only counted");
+        assert_eq!(ix.capacity("a"), Some(18));
     }
 
     #[wasm_bindgen_test(unsupported = test)]
@@ -329,6 +419,32 @@ mod tests {
         );
         let chunk = b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}],\"usage\":null}\n\n";
         assert_eq!(parse_usage(chunk), Report::default());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_usage_split_between_chunks_is_read_whole() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}],\"usage\":null}\n\n\
+            data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1200,\"total_tokens\":1210,\
+            \"completion_tokens\":10,\"prompt_tokens_details\":{\"cached_tokens\":1024}}}\n\n\
+            data: [DONE]\n\n";
+        for cut in [1, 60, 100, 110, 150, 190, stream.len() - 3] {
+            let mut w = Watch::new(expectation(4));
+            let (a, b) = stream.as_bytes().split_at(cut);
+            w.chunk(a);
+            w.chunk(b);
+            assert_eq!(
+                w.report,
+                Report {
+                    prompt_tokens: Some(1200),
+                    cached_tokens: Some(1024)
+                },
+                "cut at {cut}"
+            );
+        }
+        // The Responses API names them input tokens.
+        let done = br#"{"type":"response.completed","response":{"usage":{"input_tokens":50,"input_tokens_details":{"cached_tokens":32},"output_tokens":4}}}"#;
+        assert_eq!(parse_usage(done).prompt_tokens, Some(50));
+        assert_eq!(parse_usage(done).cached_tokens, Some(32));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

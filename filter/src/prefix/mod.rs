@@ -43,7 +43,7 @@ pub struct PrefixConfig {
     pub lru_capacity_per_server: u64,
     /// Correct the index from the `cached_tokens` servers report (`cachedTokensFeedback`,
     /// on by default): detected evictions, and each endpoint's capacity learned below the
-    /// configured one.
+    /// configured one. Off, the reports are still compared and counted (the metrics).
     pub feedback: bool,
 }
 
