@@ -18,7 +18,11 @@
 //! rate the servers report (their counters' deltas over the window), the servers'
 //! waiting queue (mean over 0.5 s samples, summed over the pool) and the share of
 //! requests per server. Everything is a function of `--seed`; the wall time of each run is
-//! printed too.
+//! printed too. For the filter, also its prefix index against the servers (cached-token
+//! feedback's counters over the window): prompt tokens it predicted cached on the chosen
+//! server ÷ the tokens the servers reported cached, and the share of requests whose
+//! prediction held within the feedback's tolerance (`--filter-config` with
+//! `cachedTokensFeedback: false` measures the uncorrected index).
 //!
 //! `cargo run --release -p tests --features virtual --bin quality-sim -- --help`
 
@@ -167,6 +171,28 @@ struct Measured {
     waiting_mean: f64,
     share: Vec<f64>,
     wall_s: f64,
+    /// The filter's index against the servers: (predicted ÷ reported hit tokens, share of
+    /// requests within tolerance).
+    index: Option<(f64, f64)>,
+}
+
+/// The filter's cached-token feedback counters: predicted and reported hit tokens,
+/// confirmed, evicted and grown reports.
+fn index_counters(sim: &Sim) -> [f64; 5] {
+    let text = sim.prometheus();
+    let v = |series: &str| host_sim::prometheus::value(&text, series).unwrap_or(0.0);
+    let outcome = |o: &str| {
+        v(&format!(
+            "inference_extension_prefix_cache_feedback_total{{outcome=\"{o}\"}}"
+        ))
+    };
+    [
+        v("inference_extension_prefix_cache_predicted_hit_tokens_total{}"),
+        v("inference_extension_prefix_cache_reported_hit_tokens_total{}"),
+        outcome("confirmed"),
+        outcome("evicted"),
+        outcome("grown"),
+    ]
 }
 
 fn side_label(side: &str) -> &str {
@@ -271,6 +297,7 @@ fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Measured> {
     };
     sim.run_until(measure_from)?;
     let before = counters(&servers);
+    let index_before = index_counters(&sim);
     let mut waiting = Vec::new();
     let mut t = measure_from;
     while t < end {
@@ -289,6 +316,13 @@ fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Measured> {
         "{side} at {qps} QPS: requests still unanswered 600 s after the last arrival"
     );
     let after = counters(&servers);
+    let index_after = index_counters(&sim);
+    let d: Vec<f64> = index_after
+        .iter()
+        .zip(index_before)
+        .map(|(a, b)| a - b)
+        .collect();
+    let judged = d[2] + d[3] + d[4];
 
     let mut r = Measured {
         side: side.to_string(),
@@ -303,6 +337,7 @@ fn run(a: &Args, side: &str, qps: f64) -> anyhow::Result<Measured> {
         waiting_mean: waiting.iter().sum::<f64>() / waiting.len().max(1) as f64,
         share: Vec::new(),
         wall_s: 0.0,
+        index: (judged > 0.0).then(|| (d[0] / d[1].max(1.0), d[2] / judged)),
     };
     let ms = |n: Nanos| n as f64 / MS as f64;
     let mut per: BTreeMap<&str, usize> = BTreeMap::new();
@@ -373,8 +408,8 @@ fn main() -> anyhow::Result<()> {
         a.seed
     );
     println!();
-    println!("| QPS | side | TTFT p50 / p90 / p99 ms | ITL p50 / p90 ms | output tok/s | prefix hit rate | servers' waiting (mean) | share per server % (min–max) | statuses | wall s |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| QPS | side | TTFT p50 / p90 / p99 ms | ITL p50 / p90 ms | output tok/s | prefix hit rate | servers' waiting (mean) | share per server % (min–max) | index: predicted ÷ reported hits, within tolerance | statuses | wall s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
     for &qps in &a.qps {
         for side in &a.sides {
@@ -386,9 +421,13 @@ fn main() -> anyhow::Result<()> {
                 .iter()
                 .fold((f64::MAX, 0.0f64), |(l, h), v| (l.min(*v), h.max(*v)));
             println!(
-                "| {} | {} | {} | {} | {:.0} | {} | {:.1} | {:.1}–{:.1} | {:?} | {:.1} |",
+                "| {} | {} | {} | {} | {:.0} | {} | {:.1} | {:.1}–{:.1} | {} | {:?} | {:.1} |",
                 r.qps,
-                side_label(&r.side),
+                if r.side == "filter" && a.filter_config.get("plugins").is_some() {
+                    "filter (--filter-config)"
+                } else {
+                    side_label(&r.side)
+                },
                 fmt3(&ttft, |s| vec![s.p50, s.p90, s.p99]),
                 itl.as_ref()
                     .map_or("-".into(), |s| format!("{:.1} / {:.1}", s.p50, s.p90)),
@@ -398,6 +437,10 @@ fn main() -> anyhow::Result<()> {
                 r.waiting_mean,
                 lo,
                 hi,
+                r.index.map_or("-".into(), |(ratio, ok)| format!(
+                    "{ratio:.2}, {:.0} %",
+                    100.0 * ok
+                )),
                 r.statuses,
                 r.wall_s
             );
@@ -412,6 +455,8 @@ fn main() -> anyhow::Result<()> {
                 "prefix_hit_rate": r.hit_rate,
                 "servers_waiting_mean": r.waiting_mean,
                 "share_percent": r.share,
+                "index_predicted_over_reported": r.index.map(|i| i.0),
+                "index_within_tolerance": r.index.map(|i| i.1),
                 "wall_s": r.wall_s,
             }));
         }
