@@ -7,7 +7,8 @@
 //!   server gives it, `cached_tokens`. vLLM writes `prompt_tokens_details` only when
 //!   started with `--enable-prompt-tokens-details`, and leaves it out (or `null`) when
 //!   nothing was cached; so a server that has reported `cached_tokens` once is taken to
-//!   mean 0 when it leaves it out ([`Reporters`]), and one that never did teaches nothing.
+//!   mean 0 when it leaves it out ([`Reporters`]; known to every worker through the
+//!   shared record [`REPORTERS_KEY`]), and one that never did teaches nothing.
 //! * [`judge`] turns both into a [`Verdict`]: predicted and reported hit tokens (the
 //!   metrics), and a [`Correction`]: the server *missed* blocks the index credited (it
 //!   evicted them: the index drops that block and everything older on that endpoint, and
@@ -21,7 +22,20 @@
 //! index's last block is partial).
 
 use super::index::PrefixIndex;
+use crate::shared_store::{read, update, SharedStore, StoreError};
 use hashbrown::HashSet;
+use prost::Message;
+
+/// Shared-data key of the endpoints known to report `cached_tokens` (any worker's finding).
+pub const REPORTERS_KEY: &str = "epp.v1.prefix.reporters";
+
+/// The shared record of endpoints known to report `cached_tokens`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ReportersRecord {
+    /// `ip:port` of each (at most [`Reporters::MAX`]; past that it starts over).
+    #[prost(string, repeated, tag = "1")]
+    pub endpoints: Vec<String>,
+}
 
 /// What the index predicted for a request on its primary endpoint.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -91,31 +105,74 @@ pub struct Verdict {
     pub correction: Correction,
 }
 
-/// Endpoints that have reported `cached_tokens` at least once (so an absent one means 0).
-/// Bounded: past [`Reporters::MAX`] endpoints it starts over.
+/// Endpoints that have reported `cached_tokens` at least once (so an absent one means 0):
+/// this VM's copy of [`REPORTERS_KEY`]. Bounded: past [`Reporters::MAX`] it starts over.
 #[derive(Debug, Default)]
 pub struct Reporters {
     seen: HashSet<String>,
+}
+
+/// Records in shared data that `endpoint` reports `cached_tokens`.
+pub fn publish_reporter(store: &impl SharedStore, endpoint: &str) -> Result<(), StoreError> {
+    update(store, REPORTERS_KEY, |r: &mut ReportersRecord| {
+        if !r.endpoints.iter().any(|e| e == endpoint) {
+            if r.endpoints.len() >= Reporters::MAX {
+                r.endpoints.clear();
+            }
+            r.endpoints.push(endpoint.to_string());
+        }
+    })
+}
+
+/// Whether any worker found that `endpoint` reports `cached_tokens`.
+pub fn is_reporter(store: &impl SharedStore, endpoint: &str) -> Result<bool, StoreError> {
+    Ok(read::<ReportersRecord>(store, REPORTERS_KEY)?
+        .is_some_and(|r| r.endpoints.iter().any(|e| e == endpoint)))
 }
 
 impl Reporters {
     /// Most endpoints remembered.
     pub const MAX: usize = 4096;
 
+    /// Whether this VM knows `endpoint` reports `cached_tokens`.
+    pub fn knows(&self, endpoint: &str) -> bool {
+        self.seen.contains(endpoint)
+    }
+
+    /// Notes that `endpoint` reports `cached_tokens`; `true` when it was new to this VM.
+    pub fn learn(&mut self, endpoint: &str) -> bool {
+        if self.seen.contains(endpoint) {
+            return false;
+        }
+        if self.seen.len() >= Self::MAX {
+            self.seen.clear();
+        }
+        self.seen.insert(endpoint.to_string());
+        true
+    }
+
     /// The cached tokens `endpoint` reported, resolving an absent field: 0 from a server
-    /// known to report them, unknown (`None`) otherwise.
-    pub fn resolve(&mut self, endpoint: &str, report: Report) -> Option<u64> {
+    /// known to report them (`shared`: asked only then, whether another worker knows it),
+    /// unknown (`None`) otherwise. `learned`: set when the endpoint became known here from
+    /// its own report (to publish).
+    pub fn resolve(
+        &mut self,
+        endpoint: &str,
+        report: Report,
+        shared: impl FnOnce(&str) -> bool,
+        learned: &mut bool,
+    ) -> Option<u64> {
         match report.cached_tokens {
             Some(n) => {
-                if !self.seen.contains(endpoint) {
-                    if self.seen.len() >= Self::MAX {
-                        self.seen.clear();
-                    }
-                    self.seen.insert(endpoint.to_string());
-                }
+                *learned = self.learn(endpoint);
                 Some(n)
             }
-            None if report.prompt_tokens.is_some() && self.seen.contains(endpoint) => Some(0),
+            None if report.prompt_tokens.is_none() => None,
+            None if self.knows(endpoint) => Some(0),
+            None if shared(endpoint) => {
+                self.learn(endpoint);
+                Some(0)
+            }
             None => None,
         }
     }
@@ -449,19 +506,33 @@ mod tests {
 
     #[wasm_bindgen_test(unsupported = test)]
     fn an_absent_cached_count_is_zero_only_from_a_server_known_to_report_it() {
-        let mut r = Reporters::default();
+        use crate::shared_store::MemoryStore;
+        let store = MemoryStore::default();
+        let shared = |e: &str| is_reporter(&store, e).unwrap();
+        let (mut vm1, mut vm2) = (Reporters::default(), Reporters::default());
+        let mut learned = false;
         let absent = Report {
             prompt_tokens: Some(10),
             cached_tokens: None,
         };
-        assert_eq!(r.resolve("a", absent), None, "never reported: unknown");
         let some = Report {
             prompt_tokens: Some(10),
             cached_tokens: Some(8),
         };
-        assert_eq!(r.resolve("a", some), Some(8));
-        assert_eq!(r.resolve("a", absent), Some(0));
-        assert_eq!(r.resolve("b", absent), None);
-        assert_eq!(r.resolve("a", Report::default()), None, "no usage at all");
+        assert_eq!(vm1.resolve("a", absent, shared, &mut learned), None);
+        assert_eq!(vm1.resolve("a", some, shared, &mut learned), Some(8));
+        assert!(learned, "new here: to publish");
+        publish_reporter(&store, "a").unwrap();
+        assert_eq!(vm1.resolve("a", absent, shared, &mut learned), Some(0));
+        assert_eq!(vm1.resolve("b", absent, shared, &mut learned), None);
+        let none = Report::default();
+        assert_eq!(vm1.resolve("a", none, shared, &mut learned), None);
+        // Another worker learns it from the shared record, once.
+        assert!(!vm2.knows("a"));
+        assert_eq!(vm2.resolve("a", absent, shared, &mut learned), Some(0));
+        assert!(vm2.knows("a"));
+        publish_reporter(&store, "a").unwrap();
+        let r: ReportersRecord = read(&store, REPORTERS_KEY).unwrap().unwrap();
+        assert_eq!(r.endpoints, vec!["a".to_string()]);
     }
 }

@@ -58,13 +58,25 @@ pub fn finished(ctx: u32, vm_id: u64) {
     let Some(prompt_tokens) = w.report.prompt_tokens else {
         return;
     };
+    let mut learned = false;
+    let shared = |endpoint: &str| feedback::is_reporter(&HostStore, endpoint).unwrap_or(false);
     let outcome = vm::with(|vm| {
-        let cached = vm.reporters.resolve(&e.endpoint, w.report)?;
+        let cached = vm
+            .reporters
+            .resolve(&e.endpoint, w.report, shared, &mut learned)?;
         let verdict = feedback::judge(e, prompt_tokens, cached)?;
         let resized = feedback::apply(&mut vm.prefix, e, &verdict.correction);
         Some((verdict, resized))
     })
     .flatten();
+    if learned {
+        if let Err(err) = feedback::publish_reporter(&HostStore, &e.endpoint) {
+            log::debug!(
+                "cannot record {} as reporting cached tokens: {err:?}",
+                e.endpoint
+            );
+        }
+    }
     let Some((verdict, resized)) = outcome else {
         return;
     };
