@@ -97,6 +97,9 @@ pub struct InferenceRequest {
     pub max_tokens: Option<u64>,
     /// `cache_salt`, when given (it scopes prefix-cache hashes).
     pub cache_salt: Option<String>,
+    /// The response ends with `usage`: not streamed, streamed with
+    /// `stream_options.include_usage`, or the Responses API (its `response.completed`).
+    pub usage_expected: bool,
 }
 
 /// Parses a request body for `api`. Errors are the 400s a client should see; only the
@@ -159,6 +162,11 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
         Api::Responses => responses_prompt(obj)?,
         _ => completion_prompt(obj.get("prompt"))?,
     };
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     Ok(InferenceRequest {
         api,
         model,
@@ -166,6 +174,7 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
         prompt,
         max_tokens,
         cache_salt: cache_salt(obj),
+        usage_expected: !stream || include_usage || api == Api::Responses,
     })
 }
 
@@ -185,6 +194,7 @@ fn lenient(api: Api, body: &[u8]) -> InferenceRequest {
         prompt: String::new(),
         max_tokens: None,
         cache_salt: None,
+        usage_expected: false,
     };
     if api == Api::Audio {
         return r; // multipart: routed by load

@@ -18,6 +18,7 @@ use crate::endpoint::Candidate;
 use crate::health;
 use crate::inflight;
 use crate::latency::Estimate;
+use crate::prefix::feedback::Expectation;
 use crate::prefix::index::{PrefixIndex, PrefixMatch};
 use crate::prefix::shared::{self, Cursor};
 use crate::rng::Rng;
@@ -68,6 +69,9 @@ pub enum Routed {
         hit: Option<PrefixMatch>,
         /// The primary's features and prediction, with a latency producer.
         estimate: Option<Estimate>,
+        /// What the prefix index predicted on the primary, for cached-token feedback
+        /// (`crate::prefix::feedback`; when the request has blocks and no P/D prefill).
+        expected: Option<Box<Expectation>>,
     },
     /// `latency-slo-admitter` refused a sheddable request (nothing counted): 429.
     Shed {
@@ -138,6 +142,7 @@ pub fn route(
     let e2e_us = clock().saturating_sub(pick.started_ns) / 1_000;
     let routed = match decision {
         Ok(d) => {
+            let expected = expectation(scheduler, pick, candidates, index, &d);
             for i in [d.primary(), d.prefill].into_iter().flatten() {
                 if let Some(c) = candidates.get(i) {
                     let cap = scheduler.lru_capacity(c);
@@ -162,6 +167,7 @@ pub fn route(
                 disaggregated: d.disaggregated,
                 hit: d.primary().and_then(|i| d.prefix.get(i).copied()),
                 estimate: d.primary().and_then(|i| d.estimates.get(i).cloned()),
+                expected: expected.map(Box::new),
             }
         }
         Err(e @ ScheduleError::SloUnattainable { .. }) => Routed::Shed { why: e.to_string() },
@@ -174,6 +180,37 @@ pub fn route(
         routed,
         samples,
         e2e_us,
+    })
+}
+
+/// What the index predicts for the decision's primary, before the pick refreshes it.
+fn expectation(
+    scheduler: &Scheduler,
+    pick: &Pick<'_>,
+    candidates: &[Candidate],
+    index: &PrefixIndex,
+    d: &crate::scheduler::Decision,
+) -> Option<Expectation> {
+    // With P/D the decode server's report counts the prefill's transferred blocks.
+    let correct = scheduler.prefix.as_ref()?.feedback;
+    if d.hashes.is_empty() || d.prefill.is_some() {
+        return None;
+    }
+    let i = d.primary()?;
+    let c = candidates.get(i)?;
+    let matched = d.prefix.get(i).map_or(0, |m| m.matched);
+    let credited = d.hashes.get(..matched as usize).unwrap_or_default();
+    Some(Expectation {
+        endpoint: c.address.clone(),
+        hashes: d.hashes.clone(),
+        matched,
+        stamps: index.stamps(&c.address, credited),
+        clock: index.clock(&c.address),
+        unsettled: c.in_flight.saturating_mul(d.hashes.len() as u64),
+        block_chars: u64::from(d.block_size_tokens) * crate::prefix::CHARS_PER_TOKEN,
+        prompt_chars: u64::try_from(pick.request.prompt.len()).unwrap_or(u64::MAX),
+        ceiling: scheduler.lru_capacity(c),
+        correct,
     })
 }
 
@@ -352,6 +389,55 @@ mod tests {
             panic!("nothing chosen");
         };
         assert!(hit.is_some_and(|m| m.matched > 0), "{hit:?}");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_pick_says_what_the_index_credited_its_primary_with() {
+        let store = MemoryStore::default();
+        let rt = crate::runtime::load("").unwrap();
+        let mut index = PrefixIndex::new();
+        let mut cands = candidates(2);
+        let prompt = "a long shared system prompt ".repeat(40);
+        let expected = |r: Routed| match r {
+            Routed::Chosen {
+                expected, targets, ..
+            } => (expected.unwrap(), targets[0].clone()),
+            other => panic!("{other:?}"),
+        };
+        let (first, at) = expected(pick_once(
+            &store,
+            &rt.scheduler,
+            &mut index,
+            1,
+            &prompt,
+            &mut cands,
+        ));
+        assert_eq!((first.matched, first.stamps.len()), (0, 0));
+        assert_eq!(first.endpoint, at);
+        assert_eq!(first.prompt_chars, prompt.len() as u64);
+        assert_eq!(first.block_chars, 64);
+        let (second, at2) = expected(pick_once(
+            &store,
+            &rt.scheduler,
+            &mut index,
+            1,
+            &prompt,
+            &mut cands,
+        ));
+        assert_eq!(at2, at, "the prefix holder");
+        assert_eq!(second.matched as usize, second.hashes.len());
+        assert_eq!(second.stamps.len(), second.hashes.len());
+        // Off: compared and counted, not corrected.
+        let off = crate::runtime::load(
+            r#"{"plugins":[{"type":"approx-prefix-cache-producer","parameters":{"cachedTokensFeedback":false}},{"type":"prefix-cache-scorer"}],"schedulingProfiles":[{"name":"default","plugins":[{"pluginRef":"prefix-cache-scorer"}]}]}"#,
+        )
+        .unwrap();
+        let Routed::Chosen { expected, .. } =
+            pick_once(&store, &off.scheduler, &mut index, 1, &prompt, &mut cands)
+        else {
+            panic!("nothing chosen");
+        };
+        assert!(!expected.unwrap().correct);
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -84,7 +84,11 @@ fn a_repeated_prefix_comes_back_with_cached_tokens_through_the_filter() {
     let cached = |i: usize| {
         sim.outcome(i).json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64()
     };
-    assert_eq!(cached(0), Some(0));
+    assert_eq!(
+        cached(0),
+        None,
+        "nothing cached: prompt_tokens_details is null"
+    );
     assert_eq!(
         cached(1),
         Some(160),

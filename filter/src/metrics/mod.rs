@@ -393,6 +393,39 @@ pub const PREFIX_INDEXER_HIT_BYTES: Metric = Metric {
     ..BASE
 };
 
+/// Prompt tokens the prefix index predicted cached on the chosen endpoint, over requests
+/// whose server reported `cached_tokens` (cached-token feedback).
+pub const PREFIX_PREDICTED_HIT_TOKENS: Metric = Metric {
+    name: "inference_extension_prefix_cache_predicted_hit_tokens_total",
+    help: "Prompt tokens the prefix index predicted cached on the chosen endpoint (requests whose server reported cached tokens).",
+    ..BASE
+};
+
+/// Prompt tokens the chosen servers reported cached (`usage.prompt_tokens_details.cached_tokens`).
+pub const PREFIX_REPORTED_HIT_TOKENS: Metric = Metric {
+    name: "inference_extension_prefix_cache_reported_hit_tokens_total",
+    help: "Prompt tokens the chosen servers reported cached (usage.prompt_tokens_details.cached_tokens).",
+    ..BASE
+};
+
+/// Prompt tokens of the requests counted in the two above (the reported hit rate's base).
+pub const PREFIX_REPORTED_PROMPT_TOKENS: Metric = Metric {
+    name: "inference_extension_prefix_cache_reported_prompt_tokens_total",
+    help: "Prompt tokens of the requests whose server reported cached tokens.",
+    ..BASE
+};
+
+/// Cached-token feedback by outcome: `confirmed` (the prediction held), `evicted` (the
+/// server missed credited blocks: dropped from the index), `unsettled` (it missed blocks
+/// that requests in flight there may still be computing: nothing corrected), `grown` (it
+/// held more than credited: its capacity grew).
+pub const PREFIX_FEEDBACK: Metric = Metric {
+    name: "inference_extension_prefix_cache_feedback_total",
+    labels: &["outcome"],
+    help: "Cached-token reports compared with the prefix index, by outcome (confirmed, evicted, unsettled, grown).",
+    ..BASE
+};
+
 /// Build information, always 1.
 pub const INFO: Metric = Metric {
     name: "inference_extension_info",
@@ -677,6 +710,10 @@ pub const ALL: &[Metric] = &[
     PREFIX_INDEXER_SIZE,
     PREFIX_INDEXER_HIT_RATIO,
     PREFIX_INDEXER_HIT_BYTES,
+    PREFIX_PREDICTED_HIT_TOKENS,
+    PREFIX_REPORTED_HIT_TOKENS,
+    PREFIX_REPORTED_PROMPT_TOKENS,
+    PREFIX_FEEDBACK,
     INFO,
     MODEL_REWRITE_DECISIONS,
     FLOW_QUEUE_SIZE,

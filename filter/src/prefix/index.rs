@@ -32,22 +32,22 @@ impl PrefixMatch {
 }
 
 #[derive(Debug, Default)]
-struct Lru {
-    capacity: usize,
+pub(super) struct Lru {
+    pub(super) capacity: usize,
     /// Insertions so far (the stamp of the next one).
-    clock: u64,
+    pub(super) clock: u64,
     /// hash → stamp of its latest insertion.
-    stamps: HashMap<u64, u64>,
+    pub(super) stamps: HashMap<u64, u64>,
     /// Insertion order (oldest first), with stale duplicates skipped lazily.
-    order: VecDeque<(u64, u64)>,
+    pub(super) order: VecDeque<(u64, u64)>,
 }
 
 /// The per-VM prefix index.
 #[derive(Debug, Default)]
 pub struct PrefixIndex {
-    ids: HashMap<String, u32>,
-    lrus: Vec<Lru>,
-    holders: HashMap<u64, Vec<u32>>,
+    pub(super) ids: HashMap<String, u32>,
+    pub(super) lrus: Vec<Lru>,
+    pub(super) holders: HashMap<u64, Vec<u32>>,
 }
 
 impl PrefixIndex {

@@ -4,7 +4,11 @@
 //! * [`index`] — this VM's index: per-endpoint LRU of block hashes, and hash → holders.
 //! * [`shared`] — how every worker's index learns every pick: a ring log in shared data.
 //! * [`rendezvous`] — the prior for prompts this gateway has not seen (replicas agree).
+//! * [`feedback`] — the servers' `cached_tokens` against the index's prediction: detected
+//!   evictions and each endpoint's learned capacity ([`evict`]: the index's side).
 
+pub mod evict;
+pub mod feedback;
 pub mod hash;
 pub mod index;
 pub mod rendezvous;
@@ -27,6 +31,7 @@ pub const PARAMETERS: &[&str] = &[
     "rendezvousPrior",
     "rendezvousPriorBlocks",
     "rendezvousPriorChoices",
+    "cachedTokensFeedback",
 ];
 
 /// The prefix parameters (`approx-prefix-cache-producer`, or on `prefix-cache-scorer` as in
@@ -47,6 +52,10 @@ pub struct PrefixConfig {
     /// Owners the prior promotes, the load scorers choosing among them
     /// (`rendezvousPriorChoices`, 1..=[`rendezvous::MAX_CHOICES`]).
     pub rendezvous_choices: u64,
+    /// Correct the index from the `cached_tokens` servers report (`cachedTokensFeedback`,
+    /// on by default): detected evictions, and each endpoint's capacity learned below the
+    /// configured one. Off, the reports are still compared and counted (the metrics).
+    pub feedback: bool,
 }
 
 /// Default `rendezvousPriorChoices`.
@@ -67,6 +76,7 @@ impl Default for PrefixConfig {
             lru_capacity_per_server: 31_250,
             rendezvous_blocks: DEFAULT_RENDEZVOUS_BLOCKS,
             rendezvous_choices: DEFAULT_RENDEZVOUS_CHOICES,
+            feedback: true,
         }
     }
 }
@@ -118,6 +128,7 @@ impl PrefixConfig {
                 format!("must be at most {}, got {choices}", rendezvous::MAX_CHOICES),
             ));
         }
+        let feedback = params.bool("cachedTokensFeedback", d.feedback)?;
         Ok(PrefixConfig {
             auto_tune,
             block_size_tokens,
@@ -125,6 +136,7 @@ impl PrefixConfig {
             lru_capacity_per_server: lru,
             rendezvous_blocks: if prior { prior_blocks } else { 0 },
             rendezvous_choices: choices,
+            feedback,
         })
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! * `epp.v1.prefix.head` holds the next sequence number (one small CAS record).
 //! * `epp.v1.prefix.log.<seq % RING>` holds the entry with that sequence: which VM
-//!   picked, which endpoint, the request's block hashes and the LRU capacity to use.
+//!   picked, which endpoint, the request's block hashes and the LRU capacity to use; or,
+//!   marked `resize`, an endpoint's capacity learned from cached-token feedback
+//!   (`super::feedback`: every VM's LRU for it takes that capacity).
 //!
 //! A pick publishes by claiming a sequence number (CAS on the head) and writing its slot.
 //! Before each pick a VM reads the head (one small read) and applies the entries it has
@@ -51,6 +53,9 @@ pub struct Entry {
     /// LRU capacity for the endpoint if the index does not know it yet.
     #[prost(uint64, tag = "5")]
     pub capacity: u64,
+    /// No hashes: the endpoint's capacity is now `capacity`.
+    #[prost(bool, tag = "6")]
+    pub resize: bool,
 }
 
 /// The key of a sequence number's slot.
@@ -77,6 +82,31 @@ pub fn publish(
         endpoint: endpoint.to_string(),
         hashes: hashes.to_vec(),
         capacity,
+        resize: false,
+    };
+    store.set(&slot_key(seq), &entry.encode_to_vec(), 0)?;
+    Ok(seq)
+}
+
+/// Logs that `endpoint`'s capacity is now `capacity`; returns the sequence number used.
+pub fn publish_capacity(
+    store: &impl SharedStore,
+    vm: u64,
+    endpoint: &str,
+    capacity: u64,
+) -> Result<u64, StoreError> {
+    let seq = update(store, HEAD_KEY, |h: &mut Head| {
+        let seq = h.next;
+        h.next += 1;
+        seq
+    })?;
+    let entry = Entry {
+        seq,
+        vm,
+        endpoint: endpoint.to_string(),
+        hashes: Vec::new(),
+        capacity,
+        resize: true,
     };
     store.set(&slot_key(seq), &entry.encode_to_vec(), 0)?;
     Ok(seq)
@@ -131,7 +161,11 @@ pub fn sync(
             Some(e) if e.seq == seq => {
                 if e.vm != vm {
                     let cap = usize::try_from(e.capacity).unwrap_or(usize::MAX);
-                    index.insert(&e.endpoint, &e.hashes, cap);
+                    if e.resize {
+                        index.set_capacity(&e.endpoint, cap);
+                    } else {
+                        index.insert(&e.endpoint, &e.hashes, cap);
+                    }
                     applied += 1;
                 }
                 cursor.next += 1;
@@ -171,6 +205,18 @@ mod tests {
         assert_eq!(c1.next, own + 1);
         assert_eq!(sync(&store, 2, &mut ix2, &mut c2).unwrap(), 1);
         assert_eq!(sync(&store, 2, &mut ix2, &mut c2).unwrap(), 0);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_capacity_learned_on_one_worker_resizes_the_others() {
+        let store = MemoryStore::default();
+        let mut ix = PrefixIndex::new();
+        let mut c = Cursor::default();
+        publish(&store, 1, "a", &[1, 2, 3, 4], 100).unwrap();
+        publish_capacity(&store, 1, "a", 2).unwrap();
+        assert_eq!(sync(&store, 2, &mut ix, &mut c).unwrap(), 2);
+        assert_eq!(ix.capacity("a"), Some(2));
+        assert!(!ix.holds("a", 2) && ix.holds("a", 3) && ix.holds("a", 4));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

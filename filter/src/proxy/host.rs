@@ -222,6 +222,11 @@ pub fn response_body(size: usize) -> Result<Vec<u8>, Status> {
     get_buffer(1, 0, size)
 }
 
+/// Bytes `start..start + len` of the response body chunk being delivered.
+pub fn response_body_range(start: usize, len: usize) -> Result<Vec<u8>, Status> {
+    get_buffer(1, start, len)
+}
+
 /// Replaces the response body chunk being delivered.
 pub fn set_response_body(current_size: usize, body: &[u8]) -> Result<(), Status> {
     // SAFETY: the slice is valid for the call.

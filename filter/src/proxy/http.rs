@@ -11,7 +11,7 @@
 use super::flow::{self, Admit, RequestMeta};
 use super::route::RouteInput;
 use super::vm::{self, Running};
-use super::{host, host::Map, latency, route, stats};
+use super::{feedback, host, host::Map, latency, route, stats};
 use crate::classify::classify;
 use crate::config::DEFAULT_FAIRNESS_ID;
 use crate::datalayer::parse_subset;
@@ -171,6 +171,7 @@ impl Http {
             outcome.map(|o| (o, health)),
         );
         route::finished(&done, self.response_bytes, now_us);
+        feedback::finished(self.id, vm::id());
         if self.rt.scheduler.latency.is_some() {
             latency::finished(&self.rt, vm::id(), self.id, &done.model, &done.target);
         }
@@ -399,6 +400,7 @@ impl HttpContext for Http {
             .and_then(|b| String::from_utf8(b).ok())
             .filter(|s| !s.is_empty())
             .unwrap_or(endpoint);
+        feedback::served(self.id, &served);
         if self.rewritten.is_some() {
             // The body changes length when the model name is put back.
             if let Err(status) = host::remove_header(Map::ResponseHeaders, "content-length") {
@@ -421,6 +423,7 @@ impl HttpContext for Http {
         if self.rt.scheduler.latency.is_some() {
             latency::response_chunk(self.id, body_size, end_of_stream);
         }
+        feedback::response_chunk(self.id, body_size);
         // Envoy passes each chunk as it comes (nothing is buffered): the sizes add up.
         self.response_bytes = self
             .response_bytes

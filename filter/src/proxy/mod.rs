@@ -11,7 +11,10 @@
 //! * `store`, `stats` — shared data and metrics as the core needs them.
 //! * `latency` — the latency predictor's inputs at a pick, its ground truth on the
 //!   response path, its samples and training on the tick.
+//! * `feedback` — cached-token feedback: a request's `usage` read from the end of its
+//!   response chunks, judged against the prefix index's prediction when it ends.
 
+mod feedback;
 mod flow;
 mod host;
 mod http;

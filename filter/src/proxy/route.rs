@@ -6,7 +6,7 @@
 //! callback) and when flow control releases a parked request (from another context, with
 //! the stream made current; its body is read and parsed again then).
 
-use super::{host, host::Map, latency, stats, store::HostStore, vm};
+use super::{feedback, host, host::Map, latency, stats, store::HostStore, vm};
 use crate::config::PassiveHealth;
 use crate::errors::ApiError;
 use crate::headers::{DESTINATION, DROPPED_REASON, PREFILLER, PRIMARY, RETRY_AFTER};
@@ -145,14 +145,15 @@ pub fn route(
             s.ns / 1_000,
         );
     }
-    let (targets, prefill, disaggregated, hit, estimate) = match outcome.routed {
+    let (targets, prefill, disaggregated, hit, estimate, expected) = match outcome.routed {
         Routed::Chosen {
             targets,
             prefill,
             disaggregated,
             hit,
             estimate,
-        } => (targets, prefill, disaggregated, hit, estimate),
+            expected,
+        } => (targets, prefill, disaggregated, hit, estimate, expected),
         Routed::Shed { why } => {
             let error = ApiError {
                 status: 429,
@@ -207,6 +208,7 @@ pub fn route(
     }
     stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], outcome.e2e_us);
     admitted(input, &primary);
+    feedback::dispatched(ctx, expected, request.is_some_and(|r| r.usage_expected));
     if rt.scheduler.latency.is_some() {
         latency::dispatched(
             rt,

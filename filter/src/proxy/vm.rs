@@ -8,6 +8,7 @@ use super::{host, store::HostStore};
 use crate::flow_control::parked::Parked;
 use crate::latency::observe::Tracked;
 use crate::latency::{shared::Cache, Sample};
+use crate::prefix::feedback::{Reporters, Watch};
 use crate::prefix::index::PrefixIndex;
 use crate::prefix::shared::Cursor;
 use crate::runtime::Runtime;
@@ -101,6 +102,10 @@ pub struct Vm {
     pub prefix: PrefixIndex,
     /// How far this VM has read the shared prefix log.
     pub cursor: Cursor,
+    /// Requests watched for cached-token feedback, by context id.
+    pub watched: HashMap<u32, Watch>,
+    /// Endpoints known to report `cached_tokens`.
+    pub reporters: Reporters,
     /// This VM's view of the snapshots and discovered endpoints.
     pub view: View,
     /// Requests parked by flow control on this VM.

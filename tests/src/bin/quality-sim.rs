@@ -26,8 +26,13 @@
 //! waiting queue (mean over 0.5 s samples, summed over the pool) and the share of
 //! requests per server, and the requests in flight at the servers (sent by the gateway,
 //! not finished; sampled every 100 ms over the window: mean and max), which with flow
-//! control shows how far the pool-wide bound exceeds the configured one. Everything is a function of `--seed`; the wall time of each run is
-//! printed too.
+//! control shows how far the pool-wide bound exceeds the configured one. Everything is a
+//! function of `--seed`; the wall time of each run is printed too. For the filter, also
+//! its prefix index against the servers (cached-token feedback's counters over the window,
+//! of the first replica): prompt tokens it predicted cached on the chosen server ÷ the
+//! tokens the servers reported cached, and the share of requests whose prediction held
+//! within the feedback's tolerance (`--filter-config` with `cachedTokensFeedback: false`
+//! measures the uncorrected index).
 //!
 //! `cargo run --release -p tests --features virtual --bin quality-sim -- --help`
 
@@ -198,6 +203,28 @@ struct Measured {
     in_flight_max: u64,
     share: Vec<f64>,
     wall_s: f64,
+    /// The filter's index against the servers: (predicted ÷ reported hit tokens, share of
+    /// requests within tolerance).
+    index: Option<(f64, f64)>,
+}
+
+/// The filter's cached-token feedback counters: predicted and reported hit tokens,
+/// confirmed, evicted and grown reports.
+fn index_counters(sim: &Sim) -> [f64; 5] {
+    let text = sim.prometheus();
+    let v = |series: &str| host_sim::prometheus::value(&text, series).unwrap_or(0.0);
+    let outcome = |o: &str| {
+        v(&format!(
+            "inference_extension_prefix_cache_feedback_total{{outcome=\"{o}\"}}"
+        ))
+    };
+    [
+        v("inference_extension_prefix_cache_predicted_hit_tokens_total{}"),
+        v("inference_extension_prefix_cache_reported_hit_tokens_total{}"),
+        outcome("confirmed"),
+        outcome("evicted"),
+        outcome("grown"),
+    ]
 }
 
 fn side_label(side: &str) -> &str {
@@ -308,6 +335,7 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
     };
     sim.run_until(measure_from)?;
     let before = counters(&servers);
+    let index_before = index_counters(&sim);
     let mut waiting = Vec::new();
     let mut in_flight = Vec::new();
     let mut t = measure_from;
@@ -332,6 +360,13 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         "{side} at {qps} QPS, {replicas} replicas: requests still unanswered 600 s after the last arrival"
     );
     let after = counters(&servers);
+    let index_after = index_counters(&sim);
+    let d: Vec<f64> = index_after
+        .iter()
+        .zip(index_before)
+        .map(|(a, b)| a - b)
+        .collect();
+    let judged = d[2] + d[3] + d[4];
 
     let mut r = Measured {
         side: side.to_string(),
@@ -349,6 +384,7 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         in_flight_max: in_flight.iter().copied().max().unwrap_or(0),
         share: Vec::new(),
         wall_s: 0.0,
+        index: (judged > 0.0).then(|| (d[0] / d[1].max(1.0), d[2] / judged)),
     };
     let ms = |n: Nanos| n as f64 / MS as f64;
     let mut per: BTreeMap<&str, usize> = BTreeMap::new();
@@ -424,8 +460,8 @@ fn main() -> anyhow::Result<()> {
         a.seed
     );
     println!();
-    println!("| replicas | QPS | side | TTFT p50 / p90 / p99 ms | ITL p50 / p90 ms | output tok/s | prefix hit rate | servers' waiting (mean) | in flight at servers (mean / max) | share per server % (min–max) | statuses | wall s |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| replicas | QPS | side | TTFT p50 / p90 / p99 ms | ITL p50 / p90 ms | output tok/s | prefix hit rate | servers' waiting (mean) | in flight at servers (mean / max) | share per server % (min–max) | index: predicted ÷ reported hits, within tolerance | statuses | wall s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
     for (&replicas, &qps) in a
         .replicas
@@ -441,10 +477,14 @@ fn main() -> anyhow::Result<()> {
                 .iter()
                 .fold((f64::MAX, 0.0f64), |(l, h), v| (l.min(*v), h.max(*v)));
             println!(
-                "| {} | {} | {} | {} | {} | {:.0} | {} | {:.1} | {:.1} / {} | {:.1}–{:.1} | {:?} | {:.1} |",
+                "| {} | {} | {} | {} | {} | {:.0} | {} | {:.1} | {:.1} / {} | {:.1}–{:.1} | {} | {:?} | {:.1} |",
                 r.replicas,
                 r.qps,
-                side_label(&r.side),
+                if r.side == "filter" && a.filter_config.get("plugins").is_some() {
+                    "filter (--filter-config)"
+                } else {
+                    side_label(&r.side)
+                },
                 fmt3(&ttft, |s| vec![s.p50, s.p90, s.p99]),
                 itl.as_ref()
                     .map_or("-".into(), |s| format!("{:.1} / {:.1}", s.p50, s.p90)),
@@ -456,6 +496,10 @@ fn main() -> anyhow::Result<()> {
                 r.in_flight_max,
                 lo,
                 hi,
+                r.index.map_or("-".into(), |(ratio, ok)| format!(
+                    "{ratio:.2}, {:.0} %",
+                    100.0 * ok
+                )),
                 r.statuses,
                 r.wall_s
             );
@@ -473,6 +517,8 @@ fn main() -> anyhow::Result<()> {
                 "in_flight_mean": r.in_flight_mean,
                 "in_flight_max": r.in_flight_max,
                 "share_percent": r.share,
+                "index_predicted_over_reported": r.index.map(|i| i.0),
+                "index_within_tolerance": r.index.map(|i| i.1),
                 "wall_s": r.wall_s,
             }));
         }

@@ -239,14 +239,21 @@ pub fn json_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
 }
 
-/// The `usage` object.
-pub fn usage_json(u: &Usage) -> String {
+/// The `usage` object, as vLLM started with `--enable-prompt-tokens-details` writes it:
+/// `prompt_tokens_details.cached_tokens` when some prompt tokens were cached; with none,
+/// `"prompt_tokens_details":null` in a whole body and no key at all in a streamed chunk
+/// (vLLM tests the count for truth, and serializes stream chunks without `None`s).
+pub fn usage_json(u: &Usage, streamed: bool) -> String {
+    let details = match (u.cached_tokens, streamed) {
+        (0, true) => String::new(),
+        (0, false) => ",\"prompt_tokens_details\":null".to_string(),
+        (n, _) => format!(",\"prompt_tokens_details\":{{\"cached_tokens\":{n}}}"),
+    };
     format!(
-        "{{\"prompt_tokens\":{},\"total_tokens\":{},\"completion_tokens\":{},\"prompt_tokens_details\":{{\"cached_tokens\":{}}}}}",
+        "{{\"prompt_tokens\":{},\"total_tokens\":{},\"completion_tokens\":{}{details}}}",
         u.prompt_tokens,
         u.total_tokens(),
         u.completion_tokens,
-        u.cached_tokens
     )
 }
 
@@ -305,7 +312,7 @@ pub fn response_json(
             }
         }
     }
-    let _ = write!(out, "],\"usage\":{}", usage_json(usage));
+    let _ = write!(out, "],\"usage\":{}", usage_json(usage, false));
     if remote_decode {
         let _ = write!(out, ",\"kv_transfer_params\":{REMOTE_DECODE_PARAMS}");
     }
@@ -401,7 +408,7 @@ impl ChunkWriter {
     fn close(&self, out: &mut String, usage: Option<&Usage>) {
         match usage {
             Some(u) => {
-                let _ = write!(out, ",\"usage\":{}}}\n\n", usage_json(u));
+                let _ = write!(out, ",\"usage\":{}}}\n\n", usage_json(u, true));
             }
             None => out.push_str(",\"usage\":null}\n\n"),
         }
@@ -478,5 +485,24 @@ mod tests {
         assert_eq!(json[3]["choices"].as_array().unwrap().len(), 0);
         assert_eq!(json[3]["usage"]["total_tokens"], 4);
         assert_eq!(frames[4], "data: [DONE]");
+    }
+
+    #[test]
+    fn cached_tokens_are_written_as_vllm_writes_them() {
+        let u = |cached_tokens| Usage {
+            prompt_tokens: 40,
+            completion_tokens: 2,
+            cached_tokens,
+        };
+        let v = |s: String| serde_json::from_str::<serde_json::Value>(&s).unwrap();
+        let hit = v(usage_json(&u(32), false));
+        assert_eq!(hit["prompt_tokens_details"]["cached_tokens"], 32);
+        assert_eq!(v(usage_json(&u(32), true)), hit);
+        let body = v(usage_json(&u(0), false));
+        assert!(body["prompt_tokens_details"].is_null());
+        assert!(body.get("prompt_tokens_details").is_some());
+        let chunk = v(usage_json(&u(0), true));
+        assert!(chunk.get("prompt_tokens_details").is_none());
+        assert_eq!(chunk["prompt_tokens"], 40);
     }
 }
