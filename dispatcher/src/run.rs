@@ -133,6 +133,7 @@ pub async fn run(
                     "ceiling_bytes": decision.allowance.bytes,
                     "in_flight": load.requests,
                     "answered": sum.answered,
+                    "dispatched": sum.dispatched,
                     "status_429": sum.status_429,
                     "error": decision.error,
                 });
