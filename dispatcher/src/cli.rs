@@ -58,6 +58,8 @@ gates (repeat --gate for several: the minimum applies):
 loop:
   --workers N                  most requests in flight from this process [64]
   --metrics-interval DUR       how often the gate decides [500ms]
+  --metrics-lag DUR            how long a dispatch takes to show in the metrics: younger
+                               requests count against the new budget [200ms]
   --poll-interval DUR          how often an idle queue is polled [200ms]
   --progress-every DUR         progress line on stderr [5s] (0: none)
   --budget-log FILE            append every gate decision as a JSON line
@@ -89,6 +91,7 @@ pub struct Config {
     pub max_bytes: Option<u64>,
     pub workers: u64,
     pub metrics_interval: Duration,
+    pub metrics_lag: Duration,
     pub poll_interval: Duration,
     pub progress_every: Option<Duration>,
     pub budget_log: Option<PathBuf>,
@@ -149,6 +152,7 @@ impl Config {
             max_bytes: None,
             workers: 64,
             metrics_interval: Duration::from_millis(500),
+            metrics_lag: Duration::from_millis(200),
             poll_interval: Duration::from_millis(200),
             progress_every: Some(Duration::from_secs(5)),
             budget_log: None,
@@ -225,6 +229,7 @@ impl Config {
                 "--max-bytes-per-endpoint" => c.max_bytes = Some(num(&value)?),
                 "--workers" => c.workers = num(&value)?.max(1),
                 "--metrics-interval" => c.metrics_interval = duration(&value)?,
+                "--metrics-lag" => c.metrics_lag = duration(&value)?,
                 "--poll-interval" => c.poll_interval = duration(&value)?,
                 "--progress-every" => {
                     c.progress_every = Some(duration(&value)?).filter(|d| !d.is_zero())
@@ -350,6 +355,7 @@ pub async fn run(c: Config) -> Result<Summary, String> {
         exit_when_drained,
         budget_log: c.budget_log.clone(),
         drain_timeout: c.drain_timeout,
+        metrics_lag: c.metrics_lag,
     };
     run::run(queue, gate, gateway, opts, signal()).await
 }

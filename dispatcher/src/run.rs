@@ -35,6 +35,10 @@ pub struct Options {
     pub budget_log: Option<std::path::PathBuf>,
     /// How long in-flight requests may finish after a shutdown signal.
     pub drain_timeout: Duration,
+    /// How long a dispatched request takes to show in the metrics (the filter's scrape
+    /// period and the path to the reader): requests younger than this are not counted as
+    /// already in `S` when the gate decides, so they use up the new budget instead.
+    pub metrics_lag: Duration,
 }
 
 /// What a run did.
@@ -87,6 +91,8 @@ pub async fn run(
     let start = Instant::now();
     let mut sum = Summary::default();
     let mut load = Load::default();
+    // Dispatch time and size of each request in flight, by dispatch number.
+    let mut flying: std::collections::HashMap<u64, (Instant, u64)> = Default::default();
     let mut ready: VecDeque<Job> = VecDeque::new();
     let mut decision = Decision::of(Allowance::closed());
     let mut next_decision = Instant::now();
@@ -103,7 +109,7 @@ pub async fn run(
         ),
         None => None,
     };
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Job, u64, Sent)>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Job, u64, u64, Sent)>();
     tokio::pin!(shutdown);
     let workers_cap = Allowance {
         requests: Some(opts.workers),
@@ -113,7 +119,16 @@ pub async fn run(
     loop {
         let now = Instant::now();
         if now >= next_decision && stopping.is_none() {
-            decision = gate.decide(load).await;
+            // What the metrics can already have seen.
+            let seen_before = Instant::now() - opts.metrics_lag;
+            let visible = flying.values().filter(|(t, _)| *t <= seen_before).fold(
+                Load::default(),
+                |l, (_, size)| Load {
+                    requests: l.requests + 1,
+                    bytes: l.bytes + size,
+                },
+            );
+            decision = gate.decide(visible).await;
             next_decision = Instant::now() + opts.metrics_interval;
             pressured = false;
             sum.decisions += 1;
@@ -204,10 +219,12 @@ pub async fn run(
                 load.requests += 1;
                 load.bytes += size;
                 sum.dispatched += 1;
+                let seq = sum.dispatched;
+                flying.insert(seq, (Instant::now(), size));
                 let (gw, tx) = (gateway.clone(), tx.clone());
                 tokio::spawn(async move {
                     let sent = gw.send(&job).await;
-                    let _ = tx.send((job, size, sent));
+                    let _ = tx.send((job, seq, size, sent));
                 });
             }
         }
@@ -245,7 +262,8 @@ pub async fn run(
         tokio::select! {
             got = rx.recv() => {
                 let mut next = got;
-                while let Some((job, size, sent)) = next {
+                while let Some((job, seq, size, sent)) = next {
+                    flying.remove(&seq);
                     load.requests -= 1;
                     load.bytes -= size;
                     match sent {

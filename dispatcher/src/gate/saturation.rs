@@ -3,7 +3,9 @@
 //! those this processor already has in flight:
 //! `N = ready × max_concurrency × (D − B)`, `D = 1 − S`, floored, at least 1 while
 //! `D > B` ([`crate::budget`]). `S` already counts the batch requests in flight (they
-//! are in the pool), so `N` is what may be *added*; the next reading sees them. In bytes,
+//! are in the pool), so `N` is what may be *added*; the next reading sees them. The load
+//! the dispatcher passes counts only the requests old enough to be in the reading
+//! (`--metrics-lag`); younger ones use up `N`. In bytes,
 //! the ceiling is `in-flight bytes + ready × max_bytes × (D − B)`, cut at a request
 //! boundary. Unreadable metrics: budget 0.
 

@@ -1,0 +1,210 @@
+"""scripts/bench batch: the batch dispatcher soaking up spare capacity. The pool's capacity
+is measured first (closed loop straight to a fresh pool). Then, per side, fresh servers and
+a fresh Envoy with the filter take interactive traffic (Poisson, streamed, objective
+`interactive`, priority 0) at a fraction of that capacity for a fixed time, and after a
+short lead a backlog of batch requests (objective `batch`, priority -10) arrives:
+
+  - none:      interactive only (the TTFT reference);
+  - dispatcher: the backlog as an OpenAI Batch file through `dispatcher` with its
+               saturation gate, reading the filter's saturation from Envoy's stats;
+  - no gate:   the backlog sent straight into the gateway at once (loadgen, closed loop
+               at the backlog's size; a 429 is a lost request, nothing retries it).
+
+The filter uses the concurrency detector (maxConcurrency = --max-num-seqs per server) and
+legacy admission (sheddable requests get 429 while saturated). Reported: interactive TTFT
+p50/p90 over the window where batch work was in the pool, batch completions per second in
+that window against the spare capacity (capacity minus interactive completions per second),
+time to drain, 429s, and the dispatcher's budget over time.
+"""
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+
+import overload
+from common import LOADGEN, ROOT, Result, fmt, log, pct, read_records, start_envoy, start_sims, table
+
+DISPATCHER = os.path.join(ROOT, "target/release/dispatcher")
+
+
+@dataclass
+class BatchOptions:
+    servers: int = 2
+    workers: int = 2
+    max_num_seqs: int = 8
+    groups: int = 16
+    system_prompt_len: int = 256
+    question_len: int = 64
+    output_len: int = 32
+    load: float = 0.6  # interactive QPS ÷ measured capacity
+    seconds: float = 90  # interactive arrivals per side
+    lead: float = 5  # interactive-only seconds before the backlog arrives
+    batch: int = 2000
+    baseline: float = 0.05
+    metrics_interval: str = "250ms"
+    calibrate: float = 10
+    timeout: float = 120
+
+
+def filter_config(o):
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": "concurrency-detector", "parameters": {"maxConcurrency": o.max_num_seqs}}],
+        "saturationDetector": {"pluginRef": "concurrency-detector"},
+        "pool": {"objectives": [{"name": "interactive", "priority": 0}, {"name": "batch", "priority": -10}]},
+    }
+
+
+def batch_file(o, path):
+    """The backlog as an OpenAI Batch input: prompts of the interactive shape's length."""
+    words = o.system_prompt_len + o.question_len
+    with open(path, "w") as f:
+        for i in range(o.batch):
+            prompt = f"batch document {i}: " + " ".join(f"w{(i * 7 + k) % 997}" for k in range(words))
+            body = {"model": "sim-model", "prompt": prompt, "max_tokens": o.output_len, "ignore_eos": True}
+            f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
+
+
+def side(o, procs, kind, qps, rdir):
+    """One side; a dict of what was measured."""
+    tag = f"batch-{kind}"
+    sims = start_sims(procs, o.servers, overload.sim_args(o), f"{tag}-sim")
+    cfg = os.path.join(rdir, f"{tag}.json")
+    with open(cfg, "w") as f:
+        json.dump(filter_config(o), f)
+    envoy = start_envoy(procs, "filter", sims, o.workers, f"{tag}-envoy", config=cfg)
+    rec = os.path.join(rdir, f"{tag}-interactive.jsonl")
+    t0 = time.monotonic()
+    inter = subprocess.Popen(
+        [LOADGEN, "--label", f"batch {kind} interactive", "--url", envoy.url, *overload.shape(o),
+         "--qps", f"{qps:.3f}", "--duration", f"{o.seconds:g}s", "--timeout", f"{o.timeout:g}s", "--seed", "11",
+         "--priorities", "interactive", "--records", rec],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = {"kind": kind, "batch_ok": 0, "batch_429": 0, "drain_s": None, "budget": [], "batch_done_at": []}
+    if kind != "none":
+        time.sleep(o.lead)
+        start = time.monotonic() - t0
+        if kind == "dispatcher":
+            inp, res, blog = (os.path.join(rdir, f"{tag}-{n}") for n in ("in.jsonl", "out.jsonl", "budget.jsonl"))
+            batch_file(o, inp)
+            p = procs.start(f"{tag}-dispatcher", [
+                DISPATCHER, "--gateway", f"http://{envoy.url}", "--input", inp, "--output", res,
+                "--metrics", f"envoy-stats=http://{envoy.admin}/stats/prometheus",
+                "--max-concurrency", str(o.max_num_seqs), "--baseline", str(o.baseline),
+                "--metrics-interval", o.metrics_interval, "--budget-log", blog, "--progress-every", "10s",
+                "--workers", str(o.servers * o.max_num_seqs * 2)])
+            p.wait(timeout=o.seconds * 20 + 600)
+            with open(p.bench_out) as f:
+                summary = json.loads(f.read().strip().splitlines()[-1])
+            out["drain_s"] = summary["elapsed_s"]
+            out["batch_429"] = summary["status_429"]
+            with open(res) as f:
+                out["batch_ok"] = sum(1 for line in f if json.loads(line)["response"] and
+                                      json.loads(line)["response"]["status_code"] == 200)
+            out["budget"] = [json.loads(line) for line in open(blog)]
+            out["batch_done_at"] = [start + b["t_ms"] / 1000 for b in out["budget"]]
+        else:
+            brec = os.path.join(rdir, f"{tag}-batch.jsonl")
+            r = subprocess.run(
+                [LOADGEN, "--label", "batch no-gate", "--url", envoy.url, *overload.shape(o), "--no-stream",
+                 "--concurrency", str(o.batch), "--requests", str(o.batch), "--timeout", f"{o.timeout * 5:g}s",
+                 "--seed", "13", "--priorities", "batch", "--records", brec],
+                capture_output=True, text=True, timeout=o.seconds * 20 + 600)
+            if r.returncode != 0:
+                raise SystemExit(f"bench: loadgen (no gate) failed: {r.stderr[-2000:]}")
+            recs = read_records(brec)
+            out["drain_s"] = time.monotonic() - t0 - start
+            out["batch_ok"] = sum(1 for x in recs if x["status"] == 200)
+            out["batch_429"] = sum(1 for x in recs if x["status"] == 429)
+            out["batch_records"] = recs
+        out["start"] = start
+    _, err = inter.communicate(timeout=o.seconds + o.timeout + 600)
+    if inter.returncode != 0:
+        raise SystemExit(f"bench: interactive loadgen failed: {err[-2000:]}")
+    out["interactive"] = read_records(rec)
+    procs.stop(envoy.proc)
+    procs.stop_named(f"{tag}-sim")
+    log(f"side {kind}: batch ok {out['batch_ok']}, 429s {out['batch_429']}, drain {fmt(out['drain_s'], 1)} s")
+    return out
+
+
+def window(o, s):
+    """[start, end] in seconds from the side's start where batch work was in the pool,
+    capped by the interactive arrivals."""
+    start = s.get("start", o.lead)
+    end = start + (s["drain_s"] or (o.seconds - start))
+    return start, min(end, o.seconds)
+
+
+def ttft(recs, lo, hi):
+    v = sorted(r["ttft_ms"] for r in recs if r["status"] == 200 and r["ttft_ms"] is not None
+               and lo <= r["sent_ms"] / 1000 <= hi)
+    return pct(v, 50), pct(v, 90), len(v)
+
+
+def completed_rate(recs, lo, hi):
+    """Completions per second of records finishing within [lo, hi]."""
+    n = sum(1 for r in recs if r["status"] == 200 and lo <= (r["sent_ms"] + (r["latency_ms"] or 0)) / 1000 <= hi)
+    return n / max(hi - lo, 1e-9)
+
+
+def batch_rate(s, lo, hi):
+    if s["kind"] == "dispatcher":
+        pts = [(s["start"] + b["t_ms"] / 1000, b["answered"]) for b in s["budget"]]
+
+        def at(t):
+            last = 0
+            for tt, a in pts:
+                if tt <= t:
+                    last = a
+            return last
+        return (at(hi) - at(lo)) / max(hi - lo, 1e-9)
+    if s["kind"] == "no gate":
+        recs = [dict(r, sent_ms=r["sent_ms"] + s["start"] * 1000) for r in s["batch_records"]]
+        return completed_rate(recs, lo, hi)
+    return 0.0
+
+
+def run(o, procs):
+    cap, _ = overload.calibrate(o, procs)
+    qps = o.load * cap
+    log(f"capacity {cap:.1f} req/s; interactive at {qps:.2f} req/s")
+    rdir = os.path.join(procs.workdir, "batch")
+    os.makedirs(rdir, exist_ok=True)
+    sides = [side(o, procs, k, qps, rdir) for k in ("none", "dispatcher", "no gate")]
+    ref = sides[0]
+    rows = []
+    for s in sides:
+        lo, hi = window(o, s if s["kind"] != "none" else sides[1])
+        p50, p90, n = ttft(s["interactive"], lo, hi)
+        r50, r90, _ = ttft(ref["interactive"], lo, hi)
+        irate = completed_rate(s["interactive"], lo, hi)
+        spare = cap - irate
+        brate = batch_rate(s, lo, hi)
+        rows.append([s["kind"], f"{lo:.0f}–{hi:.0f}", n, fmt(p50 and p50 / 1000, 3), fmt(p90 and p90 / 1000, 3),
+                     fmt(100 * (p90 / r90 - 1), 1) + " %" if (p90 and r90 and s is not ref) else "–",
+                     fmt(irate, 1), fmt(brate, 1), fmt(100 * brate / spare, 0) + " %" if s is not ref and spare > 0 else "–",
+                     s["batch_ok"] if s is not ref else "–", s["batch_429"] if s is not ref else "–",
+                     fmt(s["drain_s"], 1) if s["drain_s"] else "–"])
+    body = (f"Pool: {o.servers} × vllm-sim `--profile h100-llama-8b --max-num-seqs {o.max_num_seqs}`, measured capacity "
+            f"**{cap:.1f} req/s** (closed loop, {o.servers * o.max_num_seqs} in flight, straight to the servers); "
+            f"interactive at {o.load:.0%} = {qps:.2f} req/s for {o.seconds:g} s (streamed, {o.system_prompt_len}+"
+            f"{o.question_len}-token prompts, {o.output_len} output tokens); backlog of {o.batch} batch requests of the "
+            f"same shape after {o.lead:g} s. Envoy 1.40 `--concurrency {o.workers}` with the filter (concurrency "
+            f"detector {o.max_num_seqs}/server, legacy admission). Dispatcher: saturation gate from Envoy's stats, "
+            f"baseline {o.baseline}, max-concurrency {o.max_num_seqs}, metrics interval {o.metrics_interval}.\n\n")
+    body += table(["batch", "window (s)", "interactive n", "TTFT p50 (s)", "TTFT p90 (s)", "p90 rise vs none",
+                   "interactive done/s", "batch done/s", "of spare", "batch ok", "429s", "drain (s)"], rows)
+    d = sides[1]["budget"]
+    if d:
+        step = max(1, len(d) // 12)
+        brow = [[fmt(b["t_ms"] / 1000, 1), fmt(b["saturation"], 3), b["ready"], b["ceiling_requests"], b["in_flight"],
+                 b["answered"], b["status_429"]] for b in d[::step]]
+        body += "\n\nDispatcher budget over time (every " + f"{step}th decision):\n\n" + table(
+            ["t (s)", "S", "ready", "ceiling", "in flight", "answered", "429s"], brow)
+    notes = ["`of spare` = batch completions/s in the window ÷ (capacity − interactive completions/s in the window); "
+             "TTFT is over interactive requests sent in the window, against the interactive-only side over the same "
+             "window."]
+    return Result(f"Batch dispatch: spare-capacity use and interactive TTFT (scripts/bench batch)", body, notes)
