@@ -58,8 +58,9 @@ gates (repeat --gate for several: the minimum applies):
 loop:
   --workers N                  most requests in flight from this process [64]
   --metrics-interval DUR       how often the gate decides [500ms]
-  --metrics-lag DUR            how long a dispatch takes to show in the metrics: younger
-                               requests count against the new budget [200ms]
+  --metrics-lag DUR            how long a dispatch takes to show in the metrics (the filter
+                               sets its gauges once a second): younger requests count
+                               against the new budget [1s]
   --poll-interval DUR          how often an idle queue is polled [200ms]
   --progress-every DUR         progress line on stderr [5s] (0: none)
   --budget-log FILE            append every gate decision as a JSON line
@@ -152,7 +153,7 @@ impl Config {
             max_bytes: None,
             workers: 64,
             metrics_interval: Duration::from_millis(500),
-            metrics_lag: Duration::from_millis(200),
+            metrics_lag: Duration::from_secs(1),
             poll_interval: Duration::from_millis(200),
             progress_every: Some(Duration::from_secs(5)),
             budget_log: None,
@@ -286,6 +287,7 @@ impl Config {
                         None => Unit::Requests,
                     },
                     timeout: Duration::from_secs(2),
+                    last: None,
                 }))
             }
             "constant" => {

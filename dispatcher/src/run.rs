@@ -3,7 +3,8 @@
 //! gateway, record each result once.
 //!
 //! * The gate is asked once per metrics interval; a 429 from the gateway closes it
-//!   (budget 0) until the next decision, and the request goes back to the queue.
+//!   (budget 0) until the next metrics update, and the request goes back to the queue
+//!   (taken again after the gateway's `Retry-After`, if any, once the gate reopens).
 //! * 503 and transport errors are retried with exponential backoff (1 s, 2 s, … 30 s)
 //!   up to `max_attempts`, then answered (the 503, or INFERENCE_ERROR).
 //! * Progress (answered / in flight / budget / ETA) goes to stderr every
@@ -130,7 +131,10 @@ pub async fn run(
             );
             decision = gate.decide(visible).await;
             next_decision = Instant::now() + opts.metrics_interval;
-            pressured = false;
+            // A 429 closes the gate until the next metrics update.
+            if decision.update {
+                pressured = false;
+            }
             sum.decisions += 1;
             if let Some(e) = &decision.error {
                 eprintln!("dispatcher: gate closed: {e}");
@@ -151,6 +155,7 @@ pub async fn run(
                     "dispatched": sum.dispatched,
                     "status_429": sum.status_429,
                     "error": decision.error,
+                    "update": decision.update,
                 });
                 let _ = writeln!(f, "{line}");
             }
@@ -271,7 +276,9 @@ pub async fn run(
                         Sent::Backpressure(after) => {
                             sum.status_429 += 1;
                             pressured = true;
-                            let delay = after.unwrap_or_default().max(backoff(job.attempts));
+                            // The gate holds dispatch until the next metrics update; the
+                            // request itself only waits for the gateway's Retry-After.
+                            let delay = after.unwrap_or(Duration::ZERO);
                             if let Err(e) = queue.retry(job, delay).await {
                                 eprintln!("dispatcher: {e}");
                             }

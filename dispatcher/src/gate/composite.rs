@@ -13,6 +13,7 @@ impl Gate for Composite {
             let mut out = Decision::of(Allowance::default());
             for g in &mut self.gates {
                 let d = g.decide(load).await;
+                out.update &= d.update;
                 out.allowance = out.allowance.min(d.allowance);
                 out.saturation = out.saturation.or(d.saturation);
                 out.ready = out.ready.or(d.ready);

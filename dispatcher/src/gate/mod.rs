@@ -88,12 +88,16 @@ pub struct Decision {
     pub ready: Option<u64>,
     /// Why the gate failed closed (unreadable metrics).
     pub error: Option<String>,
+    /// Whether this decision rests on a metrics update (not a repeat of the last
+    /// reading); a 429 closes the gate until one.
+    pub update: bool,
 }
 
 impl Decision {
     pub fn of(allowance: Allowance) -> Decision {
         Decision {
             allowance,
+            update: true,
             ..Decision::default()
         }
     }

@@ -8,11 +8,19 @@
 //! (`--metrics-lag`); younger ones use up `N`. In bytes,
 //! the ceiling is `in-flight bytes + ready × max_bytes × (D − B)`, cut at a request
 //! boundary. Unreadable metrics: budget 0.
+//!
+//! The filter sets its pool gauges once a second and Envoy's stats carry no timestamp,
+//! so a reading identical to the previous one is taken as the same update (for up to
+//! [`SAME_READING_FOR`]): the previous allowance stands, so `N` is not granted twice for
+//! one update, and a 429 keeps the gate closed until a real update.
 
 use super::{Allowance, BoxFuture, Decision, Gate, Load};
 use crate::budget;
 use crate::metrics::{self, Source};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long an unchanged reading is taken as the same metrics update.
+pub const SAME_READING_FOR: Duration = Duration::from_secs(3);
 
 /// The capacity unit of the budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +43,8 @@ pub struct Saturation {
     pub baseline: f64,
     pub unit: Unit,
     pub timeout: Duration,
+    /// The last reading, when it was first seen, and the allowance it gave.
+    pub last: Option<(metrics::Reading, Instant, Allowance)>,
 }
 
 impl Saturation {
@@ -61,6 +71,26 @@ impl Saturation {
     }
 }
 
+impl Saturation {
+    /// The allowance for a reading taken at `now`, and whether it is a metrics update: a
+    /// repeat of the last reading (within [`SAME_READING_FOR`]) keeps the last allowance.
+    pub fn on_reading(
+        &mut self,
+        reading: metrics::Reading,
+        load: Load,
+        now: Instant,
+    ) -> (Allowance, bool) {
+        if let Some((r, since, a)) = &self.last {
+            if *r == reading && now.duration_since(*since) < SAME_READING_FOR {
+                return (*a, false);
+            }
+        }
+        let a = self.allowance(reading, load);
+        self.last = Some((reading, now, a));
+        (a, true)
+    }
+}
+
 impl Gate for Saturation {
     fn decide(&mut self, load: Load) -> BoxFuture<'_, Decision> {
         Box::pin(async move {
@@ -73,17 +103,25 @@ impl Gate for Saturation {
             )
             .await;
             match r {
-                Ok(reading) => Decision {
-                    allowance: self.allowance(reading, load),
-                    saturation: Some(reading.saturation),
-                    ready: Some(reading.ready),
-                    error: None,
-                },
-                Err(e) => Decision {
-                    allowance: Allowance::closed(),
-                    error: Some(e),
-                    ..Decision::default()
-                },
+                Ok(reading) => {
+                    let (allowance, update) = self.on_reading(reading, load, Instant::now());
+                    Decision {
+                        allowance,
+                        saturation: Some(reading.saturation),
+                        ready: Some(reading.ready),
+                        error: None,
+                        update,
+                    }
+                }
+                Err(e) => {
+                    self.last = None;
+                    Decision {
+                        allowance: Allowance::closed(),
+                        error: Some(e),
+                        update: true,
+                        ..Decision::default()
+                    }
+                }
             }
         })
     }
@@ -114,6 +152,7 @@ mod tests {
             baseline: 0.1,
             unit,
             timeout: Duration::from_millis(200),
+            last: None,
         }
     }
 
@@ -161,6 +200,27 @@ mod tests {
         // Over the baseline: closed, even for a lone request.
         let closed = g.allowance(reading(0.95, 1), Load::default());
         assert!(!closed.admits(Load::default(), 1));
+    }
+
+    #[test]
+    fn a_repeated_reading_is_not_a_new_update() {
+        let mut g = gate(Unit::Requests);
+        let t0 = Instant::now();
+        let (a, update) = g.on_reading(reading(0.3, 5), Load::default(), t0);
+        assert_eq!((a.requests, update), (Some(30), true));
+        // Same numbers 0.5 s later with 30 in flight: the same update, N not granted again.
+        let busy = Load {
+            requests: 30,
+            bytes: 0,
+        };
+        let (a, update) = g.on_reading(reading(0.3, 5), busy, t0 + Duration::from_millis(500));
+        assert_eq!((a.requests, update), (Some(30), false));
+        // A changed reading is an update.
+        let (a, update) = g.on_reading(reading(0.5, 5), busy, t0 + Duration::from_millis(1000));
+        assert_eq!((a.requests, update), (Some(30 + 20), true));
+        // The same numbers long after: taken as a new update.
+        let (_, update) = g.on_reading(reading(0.5, 5), busy, t0 + Duration::from_secs(10));
+        assert!(update);
     }
 
     #[tokio::test]

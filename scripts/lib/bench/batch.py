@@ -5,13 +5,15 @@ a fresh Envoy with the filter take interactive traffic (Poisson, streamed, objec
 short lead a backlog of batch requests (objective `batch`, priority -10) arrives:
 
   - none:      interactive only (the TTFT reference);
-  - dispatcher: the backlog as an OpenAI Batch file through `dispatcher` with its
-               saturation gate, reading the filter's saturation from Envoy's stats;
+  - dispatcher B=…: the backlog as an OpenAI Batch file through `dispatcher` with its
+               saturation gate (one side per --baselines value), reading the filter's
+               saturation from Envoy's stats;
   - no gate:   the backlog sent straight into the gateway at once (loadgen, closed loop
-               at the backlog's size; a 429 is a lost request, nothing retries it).
+               at the backlog's size): the gateway's flow control parks it (band -10,
+               TTL 600 s) and releases it when the pool is not saturated.
 
-The filter uses the concurrency detector (maxConcurrency = --max-num-seqs per server) and
-legacy admission (sheddable requests get 429 while saturated). Reported: interactive TTFT
+The filter uses flow control (the `flowControl` gate) with the concurrency detector
+(maxConcurrency = --max-num-seqs per server). Reported: interactive TTFT
 p50/p90 over the window where batch work was in the pool, batch completions per second in
 that window against the spare capacity (capacity minus interactive completions per second),
 time to drain, 429s, and the dispatcher's budget over time.
@@ -41,7 +43,7 @@ class BatchOptions:
     seconds: float = 90  # interactive arrivals per side
     lead: float = 5  # interactive-only seconds before the backlog arrives
     batch: int = 2000
-    baseline: float = 0.05
+    baselines: tuple = (0.05, 0.25)
     metrics_interval: str = "250ms"
     calibrate: float = 10
     timeout: float = 120
@@ -51,8 +53,10 @@ def filter_config(o):
     return {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
         "kind": "EndpointPickerConfig",
+        "featureGates": ["flowControl"],
         "plugins": [{"type": "concurrency-detector", "parameters": {"maxConcurrency": o.max_num_seqs}}],
         "saturationDetector": {"pluginRef": "concurrency-detector"},
+        "flowControl": {"maxRequests": "10k", "maxBytes": "1Gi", "defaultRequestTTL": "600s"},
         "pool": {"objectives": [{"name": "interactive", "priority": 0}, {"name": "batch", "priority": -10}]},
     }
 
@@ -67,9 +71,9 @@ def batch_file(o, path):
             f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
 
 
-def side(o, procs, kind, qps, rdir):
+def side(o, procs, kind, qps, rdir, baseline=None):
     """One side; a dict of what was measured."""
-    tag = f"batch-{kind}"
+    tag = f"batch-{kind}" + (f"-{baseline}" if baseline is not None else "")
     sims = start_sims(procs, o.servers, overload.sim_args(o), f"{tag}-sim")
     cfg = os.path.join(rdir, f"{tag}.json")
     with open(cfg, "w") as f:
@@ -82,7 +86,7 @@ def side(o, procs, kind, qps, rdir):
          "--qps", f"{qps:.3f}", "--duration", f"{o.seconds:g}s", "--timeout", f"{o.timeout:g}s", "--seed", "11",
          "--priorities", "interactive", "--records", rec],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = {"kind": kind, "batch_ok": 0, "batch_429": 0, "drain_s": None, "budget": [], "batch_done_at": []}
+    out = {"kind": kind, "baseline": baseline, "batch_ok": 0, "batch_429": 0, "drain_s": None, "budget": [], "batch_done_at": []}
     if kind != "none":
         time.sleep(o.lead)
         start = time.monotonic() - t0
@@ -92,7 +96,7 @@ def side(o, procs, kind, qps, rdir):
             p = procs.start(f"{tag}-dispatcher", [
                 DISPATCHER, "--gateway", f"http://{envoy.url}", "--input", inp, "--output", res,
                 "--metrics", f"envoy-stats=http://{envoy.admin}/stats/prometheus",
-                "--max-concurrency", str(o.max_num_seqs), "--baseline", str(o.baseline),
+                "--max-concurrency", str(o.max_num_seqs), "--baseline", str(baseline),
                 "--metrics-interval", o.metrics_interval, "--budget-log", blog, "--progress-every", "10s",
                 "--workers", str(o.servers * o.max_num_seqs * 2)])
             p.wait(timeout=o.seconds * 20 + 600)
@@ -173,7 +177,8 @@ def run(o, procs):
     log(f"capacity {cap:.1f} req/s; interactive at {qps:.2f} req/s")
     rdir = os.path.join(procs.workdir, "batch")
     os.makedirs(rdir, exist_ok=True)
-    sides = [side(o, procs, k, qps, rdir) for k in ("none", "dispatcher", "no gate")]
+    sides = ([side(o, procs, "none", qps, rdir)] + [side(o, procs, "dispatcher", qps, rdir, b) for b in o.baselines]
+             + [side(o, procs, "no gate", qps, rdir)])
     ref = sides[0]
     rows = []
     for s in sides:
@@ -183,7 +188,8 @@ def run(o, procs):
         irate = completed_rate(s["interactive"], lo, hi)
         spare = cap - irate
         brate = batch_rate(s, lo, hi)
-        rows.append([s["kind"], f"{lo:.0f}–{hi:.0f}", n, fmt(p50 and p50 / 1000, 3), fmt(p90 and p90 / 1000, 3),
+        name = s["kind"] + (f" B={s['baseline']}" if s["baseline"] is not None else "")
+        rows.append([name, f"{lo:.0f}–{hi:.0f}", n, fmt(p50 and p50 / 1000, 3), fmt(p90 and p90 / 1000, 3),
                      fmt(100 * (p90 / r90 - 1), 1) + " %" if (p90 and r90 and s is not ref) else "–",
                      fmt(irate, 1), fmt(brate, 1), fmt(100 * brate / spare, 0) + " %" if s is not ref and spare > 0 else "–",
                      s["batch_ok"] if s is not ref else "–", s["batch_429"] if s is not ref else "–",
@@ -192,17 +198,21 @@ def run(o, procs):
             f"**{cap:.1f} req/s** (closed loop, {o.servers * o.max_num_seqs} in flight, straight to the servers); "
             f"interactive at {o.load:.0%} = {qps:.2f} req/s for {o.seconds:g} s (streamed, {o.system_prompt_len}+"
             f"{o.question_len}-token prompts, {o.output_len} output tokens); backlog of {o.batch} batch requests of the "
-            f"same shape after {o.lead:g} s. Envoy 1.40 `--concurrency {o.workers}` with the filter (concurrency "
-            f"detector {o.max_num_seqs}/server, legacy admission). Dispatcher: saturation gate from Envoy's stats, "
-            f"baseline {o.baseline}, max-concurrency {o.max_num_seqs}, metrics interval {o.metrics_interval}.\n\n")
+            f"same shape after {o.lead:g} s. Envoy 1.40 `--concurrency {o.workers}` with the filter (flow control, "
+            f"concurrency detector {o.max_num_seqs}/server; objectives interactive 0, batch -10). Dispatcher: "
+            f"saturation gate from Envoy's stats, max-concurrency {o.max_num_seqs}, metrics interval "
+            f"{o.metrics_interval}, baseline B per row.\n\n")
     body += table(["batch", "window (s)", "interactive n", "TTFT p50 (s)", "TTFT p90 (s)", "p90 rise vs none",
                    "interactive done/s", "batch done/s", "of spare", "batch ok", "429s", "drain (s)"], rows)
-    d = sides[1]["budget"]
-    if d:
+    for s_ in sides[1:-1]:
+        d = s_["budget"]
+        if not d:
+            continue
         step = max(1, len(d) // 12)
         brow = [[fmt(b["t_ms"] / 1000, 1), fmt(b["saturation"], 3), b["ready"], b["ceiling_requests"], b["in_flight"],
                  b["answered"], b["status_429"]] for b in d[::step]]
-        body += "\n\nDispatcher budget over time (every " + f"{step}th decision):\n\n" + table(
+        body += (f"\n\nDispatcher B={s_['baseline']}: budget over time (every {step}th decision; S is the "
+                 "filter's saturation as read, ceiling the batch requests allowed in flight):\n\n") + table(
             ["t (s)", "S", "ready", "ceiling", "in flight", "answered", "429s"], brow)
     notes = ["`of spare` = batch completions/s in the window ÷ (capacity − interactive completions/s in the window); "
              "TTFT is over interactive requests sent in the window, against the interactive-only side over the same "
