@@ -8,9 +8,10 @@ short lead a backlog of batch requests (objective `batch`, priority -10) arrives
   - dispatcher B=…: the backlog as an OpenAI Batch file through `dispatcher` with its
                saturation gate (one side per --baselines value), reading the filter's
                saturation from Envoy's stats;
-  - no gate:   the backlog sent straight into the gateway at once (loadgen, closed loop
-               at the backlog's size): the gateway's flow control parks it (band -10,
-               TTL 600 s) and releases it when the pool is not saturated.
+  - no gate:   the same file sent straight into the gateway at once (`dispatcher --gate
+               local-max-concurrency:N --workers N`, N = the backlog): the gateway's flow
+               control parks it (band -10, TTL 600 s) and releases it when the pool is not
+               saturated.
 
 The filter uses flow control (the `flowControl` gate) with the concurrency detector
 (maxConcurrency = --max-num-seqs per server). Reported: interactive TTFT
@@ -62,11 +63,13 @@ def filter_config(o):
 
 
 def batch_file(o, path):
-    """The backlog as an OpenAI Batch input: prompts of the interactive shape's length."""
+    """The backlog as an OpenAI Batch input: distinct prompts (no shared prefix, so no
+    prefix-cache hits) of the interactive shape's length in tokens (vllm-sim counts about
+    four characters a token: "wNN " is one)."""
     words = o.system_prompt_len + o.question_len
     with open(path, "w") as f:
         for i in range(o.batch):
-            prompt = f"batch document {i}: " + " ".join(f"w{(i * 7 + k) % 997}" for k in range(words))
+            prompt = f"doc{i:05d} " + " ".join(f"w{(i * 7 + k) % 97:02d}" for k in range(words))
             body = {"model": "sim-model", "prompt": prompt, "max_tokens": o.output_len, "ignore_eos": True}
             f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
 
@@ -90,39 +93,26 @@ def side(o, procs, kind, qps, rdir, baseline=None):
     if kind != "none":
         time.sleep(o.lead)
         start = time.monotonic() - t0
+        inp, res, blog = (os.path.join(rdir, f"{tag}-{n}") for n in ("in.jsonl", "out.jsonl", "budget.jsonl"))
+        batch_file(o, inp)
         if kind == "dispatcher":
-            inp, res, blog = (os.path.join(rdir, f"{tag}-{n}") for n in ("in.jsonl", "out.jsonl", "budget.jsonl"))
-            batch_file(o, inp)
-            p = procs.start(f"{tag}-dispatcher", [
-                DISPATCHER, "--gateway", f"http://{envoy.url}", "--input", inp, "--output", res,
-                "--metrics", f"envoy-stats=http://{envoy.admin}/stats/prometheus",
-                "--max-concurrency", str(o.max_num_seqs), "--baseline", str(baseline),
-                "--metrics-interval", o.metrics_interval, "--budget-log", blog, "--progress-every", "10s",
-                "--workers", str(o.servers * o.max_num_seqs * 2)])
-            p.wait(timeout=o.seconds * 20 + 600)
-            with open(p.bench_out) as f:
-                summary = json.loads(f.read().strip().splitlines()[-1])
-            out["drain_s"] = summary["elapsed_s"]
-            out["batch_429"] = summary["status_429"]
-            with open(res) as f:
-                out["batch_ok"] = sum(1 for line in f if json.loads(line)["response"] and
-                                      json.loads(line)["response"]["status_code"] == 200)
-            out["budget"] = [json.loads(line) for line in open(blog)]
-            out["batch_done_at"] = [start + b["t_ms"] / 1000 for b in out["budget"]]
+            gate = ["--metrics", f"envoy-stats=http://{envoy.admin}/stats/prometheus",
+                    "--max-concurrency", str(o.max_num_seqs), "--baseline", str(baseline),
+                    "--workers", str(o.servers * o.max_num_seqs * 2)]
         else:
-            brec = os.path.join(rdir, f"{tag}-batch.jsonl")
-            r = subprocess.run(
-                [LOADGEN, "--label", "batch no-gate", "--url", envoy.url, *overload.shape(o), "--no-stream",
-                 "--concurrency", str(o.batch), "--requests", str(o.batch), "--timeout", f"{o.timeout * 5:g}s",
-                 "--seed", "13", "--priorities", "batch", "--records", brec],
-                capture_output=True, text=True, timeout=o.seconds * 20 + 600)
-            if r.returncode != 0:
-                raise SystemExit(f"bench: loadgen (no gate) failed: {r.stderr[-2000:]}")
-            recs = read_records(brec)
-            out["drain_s"] = time.monotonic() - t0 - start
-            out["batch_ok"] = sum(1 for x in recs if x["status"] == 200)
-            out["batch_429"] = sum(1 for x in recs if x["status"] == 429)
-            out["batch_records"] = recs
+            gate = ["--gate", f"local-max-concurrency:{o.batch}", "--workers", str(o.batch)]
+        p = procs.start(f"{tag}-dispatcher", [
+            DISPATCHER, "--gateway", f"http://{envoy.url}", "--input", inp, "--output", res, *gate,
+            "--metrics-interval", o.metrics_interval, "--budget-log", blog, "--progress-every", "10s"])
+        p.wait(timeout=o.seconds * 20 + 600)
+        with open(p.bench_out) as f:
+            summary = json.loads(f.read().strip().splitlines()[-1])
+        out["drain_s"] = summary["elapsed_s"]
+        out["batch_429"] = summary["status_429"]
+        with open(res) as f:
+            lines = [json.loads(line) for line in f]
+        out["batch_ok"] = sum(1 for x in lines if x["response"] and x["response"]["status_code"] == 200)
+        out["budget"] = [json.loads(line) for line in open(blog)]
         out["start"] = start
     _, err = inter.communicate(timeout=o.seconds + o.timeout + 600)
     if inter.returncode != 0:
@@ -155,7 +145,7 @@ def completed_rate(recs, lo, hi):
 
 
 def batch_rate(s, lo, hi):
-    if s["kind"] == "dispatcher":
+    if s["kind"] != "none":
         pts = [(s["start"] + b["t_ms"] / 1000, b["answered"]) for b in s["budget"]]
 
         def at(t):
@@ -165,9 +155,6 @@ def batch_rate(s, lo, hi):
                     last = a
             return last
         return (at(hi) - at(lo)) / max(hi - lo, 1e-9)
-    if s["kind"] == "no gate":
-        recs = [dict(r, sent_ms=r["sent_ms"] + s["start"] * 1000) for r in s["batch_records"]]
-        return completed_rate(recs, lo, hi)
     return 0.0
 
 
