@@ -6,7 +6,6 @@ mod common;
 
 use common::{completion, s, unix_now, Gateway, Processor, Redis};
 use std::collections::HashMap;
-use std::time::Duration;
 
 /// Sims answering a 4-token completion in about 60 ms; 5 requests per endpoint.
 fn gateway() -> Gateway {
@@ -172,5 +171,47 @@ fn an_expired_deadline_gets_deadline_exceeded_and_is_never_dispatched() {
         1,
         "an expired request reached the pool"
     );
-    let _ = Duration::ZERO;
+}
+
+#[test]
+fn requests_enter_as_sheddable_traffic_of_the_messages_tenant() {
+    // With flow control on, the gateway records each request's flow: its fairness id
+    // (from the message's metadata `userid`) and its priority (the `batch` objective, -10).
+    let gw = Gateway::start_with(
+        1,
+        5,
+        &[
+            "--time-to-first-token",
+            "10ms",
+            "--inter-token-latency",
+            "5ms",
+        ],
+        true,
+    );
+    let redis = Redis::start();
+    for i in 0..3 {
+        redis.push(
+            &format!("r{i}"),
+            unix_now() + 600,
+            &completion("x", 2),
+            "tenant-x",
+        );
+    }
+    let summary = Processor::start(&args(&gw, &redis, &["--exit-when-drained"])).wait(30);
+    assert_eq!(summary["answered"], 3, "{summary}");
+    let flow = |prom: &str| {
+        prom.lines().any(|l| {
+            l.starts_with("inference_extension_flow_control_request_queue_duration_seconds_count{")
+                && l.contains("fairness_id=\"tenant-x\"")
+                && l.contains("priority=\"-10\"")
+                && l.ends_with(" 3")
+        })
+    };
+    // Histograms reach /stats/prometheus at Envoy's next stats flush.
+    let mut prom = String::new();
+    let seen = tests::eventually(10, || {
+        prom = gw.envoy.prometheus();
+        flow(&prom)
+    });
+    assert!(seen, "no flow (tenant-x, -10) with 3 requests:\n{prom}");
 }

@@ -24,14 +24,22 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn start(servers: usize, max: u64, sim_args: &[&str]) -> Gateway {
+        Self::start_with(servers, max, sim_args, false)
+    }
+
+    /// Like [`Gateway::start`], with the filter's `flowControl` gate on if `flow_control`.
+    pub fn start_with(servers: usize, max: u64, sim_args: &[&str], flow_control: bool) -> Gateway {
         let mut args = vec!["--model", MODEL];
         args.extend_from_slice(sim_args);
         let servers = VllmSimServer::pool(servers, &args);
-        let config = json!({
+        let mut config = json!({
             "plugins": [{"type": "concurrency-detector", "parameters": {"maxConcurrency": max}}],
             "saturationDetector": {"pluginRef": "concurrency-detector"},
             "pool": {"objectives": [{"name": "batch", "priority": -10}]}
         });
+        if flow_control {
+            config["featureGates"] = json!(["flowControl"]);
+        }
         let envoy = Envoy::start(&config, &VllmSimServer::addresses(&servers), 2);
         Gateway { servers, envoy }
     }
