@@ -31,6 +31,21 @@ pub fn requests(ready: u64, max_concurrency: u64, saturation: f64, baseline: f64
     n.max(1)
 }
 
+/// Requests over the budget while `D < B`: `ceil(ready × max_concurrency × (B − D))`
+/// (the seed's `N` when negative, rounded away from zero); 0 while `D ≥ B`. A dispatcher
+/// with this many batch requests too many in flight lets them finish without replacing them.
+pub fn excess(ready: u64, max_concurrency: u64, saturation: f64, baseline: f64) -> u64 {
+    let over = saturation + baseline - 1.0;
+    if !over.is_finite() {
+        return u64::MAX;
+    }
+    if over <= 0.0 {
+        return 0;
+    }
+    // A hair under, so 5.000000001 (float error of an exact 5) is 5.
+    (ready as f64 * max_concurrency as f64 * over - 1e-9).ceil() as u64
+}
+
 /// Bytes that may enter: `ready × max_bytes × (D − B)`, floored.
 pub fn bytes(ready: u64, max_bytes: u64, saturation: f64, baseline: f64) -> u64 {
     let h = headroom(saturation, baseline);
@@ -72,6 +87,16 @@ mod tests {
     fn just_above_the_baseline_still_lets_one_request_in() {
         // N = 5·10·0.001 = 0.05: floor would stop dispatch; the rounding rule keeps one.
         assert_eq!(requests(5, 10, 0.899, 0.1), 1);
+    }
+
+    #[test]
+    fn over_the_baseline_the_excess_is_counted() {
+        // S = 1.0, B = 0.1: N = 50 × (0 − 0.1) = −5.
+        assert_eq!(excess(5, 10, 1.0, 0.1), 5);
+        assert_eq!(excess(5, 10, 0.95, 0.1), 3); // −2.5, away from zero
+        assert_eq!(excess(5, 10, 0.9, 0.1), 0); // D = B
+        assert_eq!(excess(5, 10, 0.3, 0.1), 0);
+        assert_eq!(excess(5, 10, f64::NAN, 0.1), u64::MAX);
     }
 
     #[test]

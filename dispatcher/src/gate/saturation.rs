@@ -3,7 +3,9 @@
 //! those this processor already has in flight:
 //! `N = ready × max_concurrency × (D − B)`, `D = 1 − S`, floored, at least 1 while
 //! `D > B` ([`crate::budget`]). `S` already counts the batch requests in flight (they
-//! are in the pool), so `N` is what may be *added*; the next reading sees them. The load
+//! are in the pool), so `N` is what may be *added*; the next reading sees them. While
+//! `D < B`, `N` is negative: the ceiling drops by `ceil(|N|)` below what is in flight,
+//! so finished batch requests are not replaced until the pool is back under `1 − B`. The load
 //! the dispatcher passes counts only the requests old enough to be in the reading
 //! (`--metrics-lag`); younger ones use up `N`. In bytes,
 //! the ceiling is `in-flight bytes + ready × max_bytes × (D − B)`, cut at a request
@@ -52,12 +54,21 @@ impl Saturation {
     pub fn allowance(&self, reading: metrics::Reading, load: Load) -> Allowance {
         let (s, ready) = (reading.saturation, reading.ready);
         match self.unit {
-            Unit::Requests => Allowance {
-                requests: Some(
-                    load.requests + budget::requests(ready, self.max_concurrency, s, self.baseline),
-                ),
-                bytes: None,
-            },
+            Unit::Requests => {
+                let n = budget::requests(ready, self.max_concurrency, s, self.baseline);
+                let ceiling = if n > 0 {
+                    load.requests + n
+                } else {
+                    // Over the baseline: what finishes is not replaced until the pool is
+                    // back under it.
+                    let excess = budget::excess(ready, self.max_concurrency, s, self.baseline);
+                    load.requests.saturating_sub(excess)
+                };
+                Allowance {
+                    requests: Some(ceiling),
+                    bytes: None,
+                }
+            }
             Unit::Bytes(per_endpoint) => {
                 if budget::headroom(s, self.baseline) <= 0.0 || ready == 0 {
                     return Allowance::closed();
@@ -182,6 +193,15 @@ mod tests {
             },
         );
         assert_eq!(full.requests, Some(7));
+        // Over it (N = 50 × (0 − 0.1) = −5): five of those in flight are not replaced.
+        let over = g.allowance(
+            reading(1.0, 5),
+            Load {
+                requests: 7,
+                bytes: 0,
+            },
+        );
+        assert_eq!(over.requests, Some(2));
     }
 
     #[test]
