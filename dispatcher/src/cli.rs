@@ -48,7 +48,9 @@ gates (repeat --gate for several: the minimum applies):
   --gate local-max-concurrency:M   at most M in flight from this process
   --metrics SOURCE             envoy-stats=URL (Envoy admin /stats/prometheus),
                                prometheus-text=URL (the filter's metrics endpoint),
-                               prometheus-query=URL (a Prometheus server)
+                               prometheus-query=URL (a Prometheus server),
+                               servers=URL,URL (the model servers' /metrics: running +
+                               waiting over servers x --max-concurrency)
   --pool NAME                  the pool's label value, when the metrics hold several
   --saturation-unit U          fraction | thousandths [envoy-stats: thousandths, else fraction]
   --max-concurrency N          per-endpoint request capacity (the detector's maxConcurrency) [100]

@@ -10,6 +10,12 @@
 //! * `prometheus-query=URL`: a Prometheus server's HTTP API (`/api/v1/query`), fraction
 //!   unless `--saturation-unit thousandths` (a Prometheus scraping Envoy's stats).
 //!
+//! * `servers=URL,URL,…`: the model servers' own `/metrics` (llm-d-async's third
+//!   `prometheus-budget` source): `S = Σ (vllm:num_requests_running + waiting) ÷
+//!   (answering servers × max_concurrency)`, `ready` = the servers that answered. Fresher
+//!   than the filter's gauge (set once a second), but blind to requests queued in the
+//!   gateway.
+//!
 //! Anything unreadable (connection refused, a non-200 answer, a missing series, several
 //! pools without `--pool`) is an error, which the gate turns into budget 0.
 
@@ -30,16 +36,19 @@ pub enum Source {
     EnvoyStats(String),
     PrometheusText(String),
     PrometheusQuery(String),
+    Servers(Vec<String>),
 }
 
 impl Source {
     /// `envoy-stats=URL`, `prometheus-text=URL` or `prometheus-query=URL`.
     pub fn parse(s: &str) -> Result<Source, String> {
         let (kind, url) = s.split_once('=').ok_or_else(|| {
-            format!("`{s}`: expected envoy-stats=URL, prometheus-text=URL or prometheus-query=URL")
+            format!("`{s}`: expected envoy-stats=URL, prometheus-text=URL, prometheus-query=URL or servers=URL,URL")
         })?;
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!("`{url}`: not an http(s) URL"));
+        for u in url.split(',') {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(format!("`{u}`: not an http(s) URL"));
+            }
         }
         match kind {
             "envoy-stats" => Ok(Source::EnvoyStats(url.to_string())),
@@ -47,8 +56,9 @@ impl Source {
             "prometheus-query" => Ok(Source::PrometheusQuery(
                 url.trim_end_matches('/').to_string(),
             )),
+            "servers" => Ok(Source::Servers(url.split(',').map(String::from).collect())),
             other => Err(format!(
-                "`{other}`: unknown metrics source (envoy-stats, prometheus-text, prometheus-query)"
+                "`{other}`: unknown metrics source (envoy-stats, prometheus-text, prometheus-query, servers)"
             )),
         }
     }
@@ -71,15 +81,41 @@ pub struct Reading {
     pub ready: u64,
 }
 
-/// Reads `source` once. `scale` turns the saturation number into a fraction.
+/// Reads `source` once. `scale` turns the saturation number into a fraction;
+/// `max_concurrency` is the per-server capacity (`servers` only).
 pub async fn read(
     client: &reqwest::Client,
     source: &Source,
     pool: Option<&str>,
     scale: f64,
+    max_concurrency: u64,
     timeout: Duration,
 ) -> Result<Reading, String> {
     let (s, ready) = match source {
+        Source::Servers(urls) => {
+            let mut load = 0.0;
+            let mut answered = 0u64;
+            let mut last_error = String::new();
+            for u in urls {
+                let got = get_text(client, u, &[], timeout).await.and_then(|t| {
+                    let running = sum(&t, "vllm:num_requests_running")?;
+                    let waiting = sum(&t, "vllm:num_requests_waiting")?;
+                    Ok(running + waiting)
+                });
+                match got {
+                    Ok(l) => {
+                        load += l;
+                        answered += 1;
+                    }
+                    Err(e) => last_error = e,
+                }
+            }
+            if answered == 0 {
+                return Err(format!("no server answered: {last_error}"));
+            }
+            let capacity = (answered * max_concurrency.max(1)) as f64;
+            (load / capacity / scale, answered as f64)
+        }
         Source::EnvoyStats(url) | Source::PrometheusText(url) => {
             let text = get_text(client, url, &[], timeout).await?;
             let s = find(&text, &SATURATION, SATURATION_POOL_LABEL, pool)?;
@@ -212,6 +248,27 @@ fn pools(found: &[(String, f64)]) -> String {
         .join(", ")
 }
 
+/// The sum of every series of `name` (any labels); an error if there is none.
+pub fn sum(text: &str, name: &str) -> Result<f64, String> {
+    let mut found = false;
+    let mut total = 0.0;
+    for line in text.lines() {
+        let Some((series, value)) = sample(line) else {
+            continue;
+        };
+        let n = series.split_once('{').map_or(series, |(n, _)| n);
+        if n == name {
+            found = true;
+            total += value;
+        }
+    }
+    if found {
+        Ok(total)
+    } else {
+        Err(format!("no {name} in the metrics"))
+    }
+}
+
 /// `name{labels} value [timestamp]` → (`name{labels}`, value).
 fn sample(line: &str) -> Option<(&str, f64)> {
     if line.starts_with('#') || line.trim().is_empty() {
@@ -269,6 +326,21 @@ inference_pool_ready_pods{name=\"pool-b\"} 2
             0.25
         );
         assert_eq!(find(text, &READY, READY_POOL_LABEL, None).unwrap(), 3.0);
+    }
+
+    #[test]
+    fn a_servers_load_is_the_sum_over_its_series() {
+        let t = "vllm:num_requests_running{model_name=\"a\"} 3.0\nvllm:num_requests_running{model_name=\"b\"} 2.0\n";
+        assert_eq!(sum(t, "vllm:num_requests_running").unwrap(), 5.0);
+        assert!(sum(t, "vllm:num_requests_waiting").is_err());
+        let s = Source::parse("servers=http://a:1/metrics,http://b:2/metrics").unwrap();
+        assert_eq!(
+            s,
+            Source::Servers(vec![
+                "http://a:1/metrics".into(),
+                "http://b:2/metrics".into()
+            ])
+        );
     }
 
     #[test]

@@ -110,6 +110,7 @@ impl Gate for Saturation {
                 &self.source,
                 self.pool.as_deref(),
                 self.scale,
+                self.max_concurrency,
                 self.timeout,
             )
             .await;

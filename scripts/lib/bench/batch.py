@@ -45,6 +45,7 @@ class BatchOptions:
     lead: float = 5  # interactive-only seconds before the backlog arrives
     batch: int = 2000
     baselines: tuple = (0.05, 0.25)
+    metrics: str = "envoy"  # the dispatcher's source: envoy (Envoy's stats) | servers (the sims' /metrics)
     metrics_interval: str = "250ms"
     calibrate: float = 10
     timeout: float = 120
@@ -96,7 +97,10 @@ def side(o, procs, kind, qps, rdir, baseline=None):
         inp, res, blog = (os.path.join(rdir, f"{tag}-{n}") for n in ("in.jsonl", "out.jsonl", "budget.jsonl"))
         batch_file(o, inp)
         if kind == "dispatcher":
-            gate = ["--metrics", f"envoy-stats=http://{envoy.admin}/stats/prometheus",
+            source = (f"envoy-stats=http://{envoy.admin}/stats/prometheus" if o.metrics == "envoy" else
+                      "servers=" + ",".join(f"http://{a}/metrics" for a in sims))
+            lag = ["--metrics-lag", "100ms"] if o.metrics == "servers" else []
+            gate = ["--metrics", source, *lag,
                     "--max-concurrency", str(o.max_num_seqs), "--baseline", str(baseline),
                     "--workers", str(o.servers * o.max_num_seqs * 2)]
         else:
@@ -187,7 +191,7 @@ def run(o, procs):
             f"{o.question_len}-token prompts, {o.output_len} output tokens); backlog of {o.batch} batch requests of the "
             f"same shape after {o.lead:g} s. Envoy 1.40 `--concurrency {o.workers}` with the filter (flow control, "
             f"concurrency detector {o.max_num_seqs}/server; objectives interactive 0, batch -10). Dispatcher: "
-            f"saturation gate from Envoy's stats, max-concurrency {o.max_num_seqs}, metrics interval "
+            f"saturation gate from {'Envoy' + chr(39) + 's stats' if o.metrics == 'envoy' else 'the servers' + chr(39) + ' /metrics (lag 100ms)'}, max-concurrency {o.max_num_seqs}, metrics interval "
             f"{o.metrics_interval}, baseline B per row.\n\n")
     body += table(["batch", "window (s)", "interactive n", "TTFT p50 (s)", "TTFT p90 (s)", "p90 rise vs none",
                    "interactive done/s", "batch done/s", "of spare", "batch ok", "429s", "drain (s)"], rows)

@@ -81,6 +81,8 @@ def parser():
     p.add_argument("--batch", type=int, default=2000, help="batch backlog")
     p.add_argument("--load", type=float, default=0.6, help="interactive QPS ÷ measured capacity")
     p.add_argument("--baselines", default="0.05,0.25", help="one dispatcher side per baseline B")
+    p.add_argument("--dispatcher-metrics", default="envoy", choices=["envoy", "servers"],
+                   help="the dispatcher's saturation source: Envoy's stats or the servers' /metrics")
     p.add_argument("--lead", type=float, default=5)
     return p
 
@@ -130,7 +132,8 @@ def batch_options(a):
         servers=given(a.servers, 2), workers=a.workers, max_num_seqs=a.max_num_seqs, groups=given(a.groups, 16),
         system_prompt_len=given(a.system_prompt_len, 256), question_len=given(a.question_len, 64),
         output_len=given(a.output_len, 32), load=a.load, seconds=given(a.seconds, 90), lead=a.lead,
-        batch=a.batch, baselines=tuple(common.split_list(a.baselines, float)), calibrate=a.calibrate)
+        batch=a.batch, baselines=tuple(common.split_list(a.baselines, float)), calibrate=a.calibrate,
+        metrics=a.dispatcher_metrics)
 
 
 def flow_control_options(a):
