@@ -20,6 +20,7 @@ import argparse
 import sys
 
 import autoscale
+import batch
 import breakdown
 import common
 import flow_control_bench
@@ -30,7 +31,7 @@ import quality_sim
 import sched
 import soak
 
-SUBCOMMANDS = ["overhead", "quality", "sched", "overload", "flow-control"]
+SUBCOMMANDS = ["overhead", "quality", "sched", "overload", "flow-control", "batch"]
 
 
 def parser():
@@ -78,6 +79,13 @@ def parser():
     p.add_argument("--sample-period", type=float, default=0.5)
     p.add_argument("--cooldown", type=float, default=0)
     p.add_argument("--parked", type=int, default=10000)
+    # batch
+    p.add_argument("--batch", type=int, default=2000, help="batch backlog")
+    p.add_argument("--load", type=float, default=0.6, help="interactive QPS ÷ measured capacity")
+    p.add_argument("--baselines", default="0.05,0.25", help="one dispatcher side per baseline B")
+    p.add_argument("--dispatcher-metrics", default="envoy", choices=["envoy", "servers"],
+                   help="the dispatcher's saturation source: Envoy's stats or the servers' /metrics")
+    p.add_argument("--lead", type=float, default=5)
     return p
 
 
@@ -119,6 +127,15 @@ def overload_options(a, default_seconds):
         tenant_weights=common.split_list(a.tenant_weights), ttl=a.ttl,
         band_limits=common.split_list(a.band_limits), timeout=a.timeout, calibrate=a.calibrate, warm=a.warm,
         sample_period=a.sample_period, cooldown=a.cooldown)
+
+
+def batch_options(a):
+    return batch.BatchOptions(
+        servers=given(a.servers, 2), workers=a.workers, max_num_seqs=a.max_num_seqs, groups=given(a.groups, 16),
+        system_prompt_len=given(a.system_prompt_len, 256), question_len=given(a.question_len, 64),
+        output_len=given(a.output_len, 32), load=a.load, seconds=given(a.seconds, 90), lead=a.lead,
+        batch=a.batch, baselines=tuple(common.split_list(a.baselines, float)), calibrate=a.calibrate,
+        metrics=a.dispatcher_metrics)
 
 
 def flow_control_options(a):
@@ -181,7 +198,8 @@ def parse(argv):
              "quality": (quality, quality_options),
              "sched": (sched, sched_options),
              "overload": (overload, lambda a: overload_options(a, 30)),
-             "flow-control": (flow_control_bench, flow_control_options)}
+             "flow-control": (flow_control_bench, flow_control_options),
+             "batch": (batch, batch_options)}
     module, options = build[a.what]
     return a.what, a.command, module, options(a)
 
