@@ -368,6 +368,21 @@ fn chat_prompt(v: Option<&Value>) -> Result<String, ApiError> {
     Ok(out)
 }
 
+/// The number after the last `key` (a quoted JSON key, e.g. `"cached_tokens"`) in a piece
+/// of a response: how the response path reads `usage` counts from the end of a body or of
+/// a stream chunk without parsing the whole JSON.
+pub fn usage_number(window: &[u8], key: &[u8]) -> Option<u64> {
+    let at = window.windows(key.len()).rposition(|w| w == key)?;
+    let rest = window.get(at + key.len()..)?;
+    let digits: Vec<u8> = rest
+        .iter()
+        .skip_while(|b| b.is_ascii_whitespace() || **b == b':')
+        .take_while(|b| b.is_ascii_digit())
+        .copied()
+        .collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,16 +120,7 @@ impl Tracked {
 /// `usage.completion_tokens` from a response chunk, when present (the last one of a
 /// body or a stream with `include_usage`).
 pub fn completion_tokens(chunk: &[u8]) -> Option<u64> {
-    const KEY: &[u8] = b"\"completion_tokens\"";
-    let at = chunk.windows(KEY.len()).rposition(|w| w == KEY)?;
-    let rest = chunk.get(at + KEY.len()..)?;
-    let digits: Vec<u8> = rest
-        .iter()
-        .skip_while(|b| b.is_ascii_whitespace() || **b == b':')
-        .take_while(|b| b.is_ascii_digit())
-        .copied()
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
+    crate::openai::usage_number(chunk, b"\"completion_tokens\"")
 }
 
 #[cfg(test)]

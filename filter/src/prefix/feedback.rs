@@ -22,6 +22,7 @@
 //! index's last block is partial).
 
 use super::index::PrefixIndex;
+use crate::openai::usage_number;
 use crate::shared_store::{read, update, SharedStore, StoreError};
 use hashbrown::HashSet;
 use prost::Message;
@@ -302,22 +303,10 @@ impl Watch {
 /// carry `"usage":null` until the usage chunk, which has no choices.
 pub fn parse_usage(window: &[u8]) -> Report {
     Report {
-        prompt_tokens: number_after(window, b"\"prompt_tokens\"")
-            .or_else(|| number_after(window, b"\"input_tokens\"")),
-        cached_tokens: number_after(window, b"\"cached_tokens\""),
+        prompt_tokens: usage_number(window, b"\"prompt_tokens\"")
+            .or_else(|| usage_number(window, b"\"input_tokens\"")),
+        cached_tokens: usage_number(window, b"\"cached_tokens\""),
     }
-}
-
-fn number_after(window: &[u8], key: &[u8]) -> Option<u64> {
-    let at = window.windows(key.len()).rposition(|w| w == key)?;
-    let rest = window.get(at + key.len()..)?;
-    let digits: Vec<u8> = rest
-        .iter()
-        .skip_while(|b| b.is_ascii_whitespace() || **b == b':')
-        .take_while(|b| b.is_ascii_digit())
-        .copied()
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
 }
 
 #[cfg(test)]

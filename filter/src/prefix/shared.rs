@@ -71,21 +71,7 @@ pub fn publish(
     hashes: &[u64],
     capacity: u64,
 ) -> Result<u64, StoreError> {
-    let seq = update(store, HEAD_KEY, |h: &mut Head| {
-        let seq = h.next;
-        h.next += 1;
-        seq
-    })?;
-    let entry = Entry {
-        seq,
-        vm,
-        endpoint: endpoint.to_string(),
-        hashes: hashes.to_vec(),
-        capacity,
-        resize: false,
-    };
-    store.set(&slot_key(seq), &entry.encode_to_vec(), 0)?;
-    Ok(seq)
+    append(store, vm, endpoint, hashes.to_vec(), capacity, false)
 }
 
 /// Logs that `endpoint`'s capacity is now `capacity`; returns the sequence number used.
@@ -94,6 +80,18 @@ pub fn publish_capacity(
     vm: u64,
     endpoint: &str,
     capacity: u64,
+) -> Result<u64, StoreError> {
+    append(store, vm, endpoint, Vec::new(), capacity, true)
+}
+
+/// Takes the next sequence number and writes the entry into its slot.
+fn append(
+    store: &impl SharedStore,
+    vm: u64,
+    endpoint: &str,
+    hashes: Vec<u64>,
+    capacity: u64,
+    resize: bool,
 ) -> Result<u64, StoreError> {
     let seq = update(store, HEAD_KEY, |h: &mut Head| {
         let seq = h.next;
@@ -104,9 +102,9 @@ pub fn publish_capacity(
         seq,
         vm,
         endpoint: endpoint.to_string(),
-        hashes: Vec::new(),
+        hashes,
         capacity,
-        resize: true,
+        resize,
     };
     store.set(&slot_key(seq), &entry.encode_to_vec(), 0)?;
     Ok(seq)
