@@ -12,17 +12,7 @@ use tests::vllm_sim_server::VllmSimServer;
 
 /// Two fast servers and Envoy with the default configuration in front of them.
 fn gateway() -> (Vec<VllmSimServer>, Envoy) {
-    let servers = VllmSimServer::pool(
-        2,
-        &[
-            "--model",
-            MODEL,
-            "--time-to-first-token",
-            "5ms",
-            "--inter-token-latency",
-            "2ms",
-        ],
-    );
+    let servers = VllmSimServer::fast_pool(2);
     let envoy = Envoy::start(&json!({}), &VllmSimServer::addresses(&servers), 2);
     (servers, envoy)
 }

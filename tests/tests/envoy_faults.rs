@@ -15,18 +15,6 @@ use tests::openai::completion;
 use tests::vllm_sim_server::VllmSimServer;
 use tests::{eventually, free_port, scratch_dir};
 
-fn servers() -> Vec<VllmSimServer> {
-    VllmSimServer::pool(
-        2,
-        &[
-            "--time-to-first-token",
-            "5ms",
-            "--inter-token-latency",
-            "2ms",
-        ],
-    )
-}
-
 /// Sends `n` requests; who served each, or the first answer that was not a 200.
 fn try_serve(envoy: &Envoy, n: usize, tag: &str) -> Result<BTreeMap<String, usize>, String> {
     let mut seen = BTreeMap::new();
@@ -54,7 +42,7 @@ fn serve(envoy: &Envoy, n: usize, tag: &str) -> BTreeMap<String, usize> {
 
 #[test]
 fn a_server_whose_metrics_hang_does_not_stall_routing() {
-    let sims = servers();
+    let sims = VllmSimServer::fast_pool(2);
     let (a, b) = (sims[0].address.as_str(), sims[1].address.as_str());
     // b is reached through a proxy whose /metrics hangs from the start.
     let proxy = FaultProxy::start(b, Some("/metrics"));
@@ -80,7 +68,7 @@ fn a_server_whose_metrics_hang_does_not_stall_routing() {
 
 #[test]
 fn discovery_keeps_its_last_list_while_the_admin_api_is_down_or_hangs() {
-    let sims = servers();
+    let sims = VllmSimServer::fast_pool(2);
     let addrs = VllmSimServer::addresses(&sims);
     let admin_port = free_port();
     let admin = FaultProxy::start(&format!("127.0.0.1:{admin_port}"), None);

@@ -13,21 +13,6 @@ use tests::openai::{completion, MODEL};
 use tests::scratch_dir;
 use tests::vllm_sim_server::VllmSimServer;
 
-/// `n` servers of [`MODEL`] (TTFT 5 ms, ITL 2 ms).
-fn fast_servers(n: usize) -> Vec<VllmSimServer> {
-    VllmSimServer::pool(
-        n,
-        &[
-            "--model",
-            MODEL,
-            "--time-to-first-token",
-            "5ms",
-            "--inter-token-latency",
-            "2ms",
-        ],
-    )
-}
-
 fn served_by(envoy: &Envoy, prompt: &str) -> String {
     let r = http::post_json(
         &envoy.listen,
@@ -57,7 +42,7 @@ fn value(line: &str) -> f64 {
 
 #[test]
 fn pool_and_scheduler_metrics_appear_in_prometheus_with_their_labels() {
-    let servers = fast_servers(2);
+    let servers = VllmSimServer::fast_pool(2);
     let envoy = Envoy::start(
         &json!({"pool": {"name": "llama-pool"}}),
         &VllmSimServer::addresses(&servers),
@@ -183,7 +168,7 @@ fn pool_and_scheduler_metrics_appear_in_prometheus_with_their_labels() {
 
 #[test]
 fn a_repeated_prompt_follows_its_prefix_cache_across_workers() {
-    let servers = fast_servers(3);
+    let servers = VllmSimServer::fast_pool(3);
     let envoy = Envoy::start(&json!({}), &VllmSimServer::addresses(&servers), 2);
     // Each request is a new connection, so they land on both workers; the index learned
     // by whichever worker routed the first one steers every later one.
@@ -207,7 +192,7 @@ fn a_repeated_prompt_follows_its_prefix_cache_across_workers() {
 
 #[test]
 fn an_endpoint_that_stops_answering_leaves_the_candidates() {
-    let mut servers = fast_servers(2);
+    let mut servers = VllmSimServer::fast_pool(2);
     let envoy = Envoy::start(&json!({}), &VllmSimServer::addresses(&servers), 2);
     // Both serve at first.
     assert!(eventually(10, || {
@@ -237,7 +222,7 @@ fn an_endpoint_that_stops_answering_leaves_the_candidates() {
 
 #[test]
 fn endpoints_are_discovered_from_envoys_cluster_membership() {
-    let servers = fast_servers(2);
+    let servers = VllmSimServer::fast_pool(2);
     let dir = scratch_dir("discovery");
     let config = dir.join("filter.json");
     std::fs::write(
@@ -282,7 +267,7 @@ fn endpoints_are_discovered_from_envoys_cluster_membership() {
 
 #[test]
 fn the_subset_hint_restricts_the_candidates() {
-    let servers = fast_servers(3);
+    let servers = VllmSimServer::fast_pool(3);
     let envoy = Envoy::start(&json!({}), &VllmSimServer::addresses(&servers), 2);
     for _ in 0..6 {
         let r = http::request(
@@ -317,7 +302,7 @@ fn the_subset_hint_restricts_the_candidates() {
 
 #[test]
 fn a_yaml_configuration_as_in_the_reference_docs_loads() {
-    let servers = fast_servers(2);
+    let servers = VllmSimServer::fast_pool(2);
     let dir = scratch_dir("yaml");
     let path = dir.join("epp.yaml");
     std::fs::write(
@@ -346,7 +331,7 @@ fn a_yaml_configuration_as_in_the_reference_docs_loads() {
 
 #[test]
 fn an_invalid_configuration_is_refused_and_envoy_says_why() {
-    let servers = fast_servers(1);
+    let servers = VllmSimServer::fast_pool(1);
     let dir = scratch_dir("bad");
     let path = dir.join("filter.json");
     std::fs::write(
@@ -378,7 +363,7 @@ fn an_invalid_configuration_is_refused_and_envoy_says_why() {
 
 #[test]
 fn fallback_endpoints_ride_in_the_destination_header_and_the_primary_serves() {
-    let servers = fast_servers(3);
+    let servers = VllmSimServer::fast_pool(3);
     let envoy = Envoy::start(
         &json!({"plugins": [{"type": "queue-scorer"}, {"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": 3}}]}),
         &VllmSimServer::addresses(&servers),
@@ -412,7 +397,7 @@ fn fallback_endpoints_ride_in_the_destination_header_and_the_primary_serves() {
 
 #[test]
 fn model_rewrites_send_the_target_model_and_answer_with_the_clients_name() {
-    let servers = fast_servers(1);
+    let servers = VllmSimServer::fast_pool(1);
     let envoy = Envoy::start(
         &json!({"pool": {"modelRewrites": [{"name": "alias", "modelName": "friendly-name",
             "targets": [{"modelName": MODEL, "weight": 1}]}]}}),
@@ -443,7 +428,7 @@ fn model_rewrites_send_the_target_model_and_answer_with_the_clients_name() {
 
 #[test]
 fn a_request_the_filters_leave_no_endpoint_for_gets_429_or_with_fail_open_a_healthy_one() {
-    let servers = fast_servers(2);
+    let servers = VllmSimServer::fast_pool(2);
     let filtered_out = json!({"plugins": [
         {"type": "label-selector-filter", "parameters": {"matchLabels": {"zone": "nowhere"}}},
         {"type": "queue-scorer"}]});
@@ -479,7 +464,7 @@ fn a_request_the_filters_leave_no_endpoint_for_gets_429_or_with_fail_open_a_heal
 
 #[test]
 fn a_session_token_keeps_a_conversation_on_its_endpoint() {
-    let servers = fast_servers(3);
+    let servers = VllmSimServer::fast_pool(3);
     let envoy = Envoy::start(
         &json!({"plugins": [{"type": "session-affinity-scorer"}, {"type": "max-score-picker"}]}),
         &VllmSimServer::addresses(&servers),

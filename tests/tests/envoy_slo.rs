@@ -7,7 +7,7 @@ use serde_json::json;
 use tests::envoy::Envoy;
 use tests::eventually;
 use tests::http;
-use tests::openai::{completion, MODEL};
+use tests::openai::completion;
 use tests::vllm_sim_server::VllmSimServer;
 
 /// The sum of the series of `name` (any labels) in a Prometheus text.
@@ -20,17 +20,7 @@ fn sum(prom: &str, name: &str) -> f64 {
 
 #[test]
 fn the_predictor_learns_from_the_streams_envoy_relays_and_exports_its_metrics() {
-    let servers = VllmSimServer::pool(
-        2,
-        &[
-            "--model",
-            MODEL,
-            "--time-to-first-token",
-            "5ms",
-            "--inter-token-latency",
-            "2ms",
-        ],
-    );
+    let servers = VllmSimServer::fast_pool(2);
     let config = json!({
         "plugins": [
             {"type": "predicted-latency-producer", "parameters": {"streamingMode": true}},
