@@ -8,6 +8,7 @@ use super::health::{parse_passive_health, PassiveHealth};
 use super::quantity::parse_duration_ms;
 use super::validate::{as_array, as_object, as_str, err, only_fields, ConfigError};
 use crate::endpoint::Endpoint;
+use crate::metrics::recorder::IDLE_MS;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -70,10 +71,18 @@ pub struct MetricsEndpoint {
     pub port: u16,
     /// The path (default `/metrics`).
     pub path: String,
+    /// A series with a client-chosen label value (a fairness id, a model name) that
+    /// nobody updated for this long leaves the exposition, then each VM's memory (ms;
+    /// `idleSeriesSeconds`, default 600).
+    pub idle_series_ms: i64,
 }
 
 /// Default path of [`MetricsEndpoint`].
 pub const DEFAULT_METRICS_PATH: &str = "/metrics";
+/// Bounds of `pool.metricsEndpoint.idleSeriesSeconds`: a series must outlive a few
+/// scrape intervals, and a week is longer than any retention window needs.
+const MIN_IDLE_SERIES_SECONDS: u64 = 60;
+const MAX_IDLE_SERIES_SECONDS: u64 = 7 * 24 * 3600;
 
 /// The pool of model servers the filter picks from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,7 +268,7 @@ pub fn parse_pool(v: &Value) -> Result<Pool, ConfigError> {
 fn parse_metrics_endpoint(v: &Value) -> Result<MetricsEndpoint, ConfigError> {
     let path = "pool.metricsEndpoint";
     let o = as_object(v, path)?;
-    only_fields(o, path, &["port", "path"])?;
+    only_fields(o, path, &["port", "path", "idleSeriesSeconds"])?;
     let port = o
         .get("port")
         .ok_or_else(|| err(path, "missing field `port`"))?
@@ -274,9 +283,26 @@ fn parse_metrics_endpoint(v: &Value) -> Result<MetricsEndpoint, ConfigError> {
     if !url_path.starts_with('/') {
         return Err(err(&format!("{path}.path"), "must start with `/`"));
     }
+    let idle_series_ms = match o.get("idleSeriesSeconds") {
+        None => IDLE_MS,
+        Some(v) => v
+            .as_u64()
+            .filter(|s| (MIN_IDLE_SERIES_SECONDS..=MAX_IDLE_SERIES_SECONDS).contains(s))
+            .map(|s| (s * 1_000) as i64)
+            .ok_or_else(|| {
+                err(
+                    &format!("{path}.idleSeriesSeconds"),
+                    format!(
+                        "must be a whole number of seconds from {MIN_IDLE_SERIES_SECONDS} to \
+                         {MAX_IDLE_SERIES_SECONDS}"
+                    ),
+                )
+            })?,
+    };
     Ok(MetricsEndpoint {
         port,
         path: url_path,
+        idle_series_ms,
     })
 }
 
@@ -372,6 +398,13 @@ pub fn parse_endpoint(v: &Value, path: &str) -> Result<Endpoint, ConfigError> {
 }
 
 impl Pool {
+    /// How long a client-labelled metric series may stay idle before it expires (ms).
+    pub fn idle_series_ms(&self) -> i64 {
+        self.metrics_endpoint
+            .as_ref()
+            .map_or(IDLE_MS, |m| m.idle_series_ms)
+    }
+
     /// The priority of objective `name` (0 for an unknown or absent objective, as the reference).
     pub fn priority_of(&self, objective: Option<&str>) -> i32 {
         self.priority(objective)

@@ -5,9 +5,11 @@
 //! VM's share of `running_requests` must not stay forever); a [`Kind::Level`] gauge takes
 //! the value set last, from a live record.
 
-use super::recorder::{Record, Value};
+use super::recorder::{
+    self, client_chosen, series_updated_ms, Record, Value, IDLE_MS, LABEL_CAP, OTHER,
+};
 use super::{Kind, Metric, ALL};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write;
 
 /// A record older than this is from a VM that stopped (VMs write theirs every second).
@@ -16,33 +18,38 @@ pub const LIVE_MS: i64 = 10_000;
 /// The `Content-Type` of [`render`]'s text.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Merges `records` as of `now_ms` and writes the exposition.
+/// Merges `records` as of `now_ms` and writes the exposition, with the default idle time.
 pub fn render(records: &[Record], now_ms: i64) -> String {
-    let merged = merge(records, now_ms);
-    let mut out = String::new();
-    for metric in ALL {
-        let Some(series) = merged.get(metric.name) else {
-            continue;
-        };
-        family(&mut out, metric, metric.name, metric.labels, &[], series);
-        if let Some(twin) = metric.twin {
-            let labels = if twin.labels.len() == metric.labels.len() {
-                twin.labels
-            } else {
-                metric.labels
-            };
-            family(&mut out, metric, twin.name, labels, twin.constant, series);
-        }
+    let mut merger = Merger::new(now_ms, IDLE_MS);
+    for record in records {
+        merger.add(record);
     }
-    out
+    merger.render()
 }
 
-type Merged = BTreeMap<&'static str, BTreeMap<Vec<String>, Value>>;
+/// Every VM's records merged one at a time, so that only one decoded record is held
+/// besides the merged series while answering a scrape.
+pub struct Merger {
+    now_ms: i64,
+    idle_ms: i64,
+    /// Per metric, per label values: the merged value and the latest update of any copy.
+    merged: BTreeMap<&'static str, BTreeMap<Vec<String>, (Value, i64)>>,
+}
 
-fn merge(records: &[Record], now_ms: i64) -> Merged {
-    let mut merged: Merged = BTreeMap::new();
-    for record in records {
-        let live = now_ms.saturating_sub(record.updated_ms) <= LIVE_MS;
+impl Merger {
+    /// An empty merge as of `now_ms`, leaving out client-labelled series idle for
+    /// `idle_ms`.
+    pub fn new(now_ms: i64, idle_ms: i64) -> Self {
+        Self {
+            now_ms,
+            idle_ms,
+            merged: BTreeMap::new(),
+        }
+    }
+
+    /// Adds one VM's record.
+    pub fn add(&mut self, record: &Record) {
+        let live = self.now_ms.saturating_sub(record.updated_ms) <= LIVE_MS;
         for s in &record.series {
             let Some(metric) = ALL.iter().find(|m| m.name == s.metric) else {
                 continue;
@@ -54,19 +61,128 @@ fn merge(records: &[Record], now_ms: i64) -> Merged {
                 continue;
             }
             let value = s.value(metric);
-            let slot = merged
-                .entry(metric.name)
-                .or_default()
-                .entry(s.labels.clone());
-            match slot {
-                std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert(value);
+            let updated = series_updated_ms(record, s);
+            let series = self.merged.entry(metric.name).or_default();
+            match series.get_mut(&s.labels) {
+                None => {
+                    series.insert(s.labels.clone(), (value, updated));
                 }
-                std::collections::btree_map::Entry::Occupied(mut o) => combine(o.get_mut(), value),
+                Some((into, latest)) => {
+                    combine(into, value);
+                    *latest = (*latest).max(updated);
+                }
             }
         }
     }
-    merged
+
+    /// The exposition: every metric and its llm-d router twin, without the series with
+    /// a client-chosen label value that no VM updated for the idle time. Each VM caps its
+    /// own values at [`LABEL_CAP`]; across VMs, the [`LABEL_CAP`] values per family
+    /// updated last keep their series and the rest are added up under [`OTHER`], so one
+    /// scrape's size does not grow with the number of VMs.
+    pub fn render(self) -> String {
+        let idle_before = self.now_ms.saturating_sub(self.idle_ms);
+        let shown = |metric: &Metric, labels: &[String], updated: i64| {
+            updated > idle_before || !client_chosen(metric, labels)
+        };
+        let kept = self.kept_values(&shown);
+        let mut out = String::new();
+        for metric in ALL {
+            let Some(series) = self.merged.get(metric.name) else {
+                continue;
+            };
+            let mut folded: BTreeMap<Vec<String>, Value> = BTreeMap::new();
+            for (labels, (value, updated)) in series {
+                if !shown(metric, labels, *updated) {
+                    continue;
+                }
+                let labels = fold(metric, labels, &kept);
+                match folded.get_mut(&labels) {
+                    Some(into) => combine(into, value.clone()),
+                    None => {
+                        folded.insert(labels, value.clone());
+                    }
+                }
+            }
+            if folded.is_empty() {
+                continue;
+            }
+            family(&mut out, metric, metric.name, metric.labels, &[], &folded);
+            if let Some(twin) = metric.twin {
+                let labels = if twin.labels.len() == metric.labels.len() {
+                    twin.labels
+                } else {
+                    metric.labels
+                };
+                family(&mut out, metric, twin.name, labels, twin.constant, &folded);
+            }
+        }
+        out
+    }
+
+    /// Per client-chosen label family, the values that keep their own series: all of
+    /// them up to [`LABEL_CAP`] (`None`), else the [`LABEL_CAP`] updated last.
+    fn kept_values(
+        &self,
+        shown: &impl Fn(&Metric, &[String], i64) -> bool,
+    ) -> [Option<HashSet<String>>; 2] {
+        let mut latest: [HashMap<&str, i64>; 2] = Default::default();
+        for metric in ALL {
+            let Some(series) = self.merged.get(metric.name) else {
+                continue;
+            };
+            for (labels, (_, updated)) in series {
+                if !shown(metric, labels, *updated) {
+                    continue;
+                }
+                for (label, value) in metric.labels.iter().zip(labels) {
+                    let Some(f) = recorder::family(label).and_then(|f| latest.get_mut(f)) else {
+                        continue;
+                    };
+                    if value.is_empty() || value == OTHER {
+                        continue;
+                    }
+                    let at = f.entry(value.as_str()).or_insert(*updated);
+                    *at = (*at).max(*updated);
+                }
+            }
+        }
+        latest.map(|values| {
+            if values.len() <= LABEL_CAP {
+                return None;
+            }
+            let mut by_recency: Vec<(&str, i64)> = values.into_iter().collect();
+            by_recency.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+            Some(
+                by_recency
+                    .into_iter()
+                    .take(LABEL_CAP)
+                    .map(|(v, _)| v.to_string())
+                    .collect(),
+            )
+        })
+    }
+}
+
+/// `labels` with each client-chosen value that did not keep its series ([`Merger::kept_values`])
+/// replaced by [`OTHER`].
+fn fold(metric: &Metric, labels: &[String], kept: &[Option<HashSet<String>>; 2]) -> Vec<String> {
+    metric
+        .labels
+        .iter()
+        .zip(labels)
+        .map(|(label, value)| {
+            let cap = recorder::family(label)
+                .and_then(|f| kept.get(f))
+                .and_then(Option::as_ref);
+            match cap {
+                Some(kept) if !value.is_empty() && value != OTHER && !kept.contains(value) => {
+                    OTHER.to_string()
+                }
+                _ => value.clone(),
+            }
+        })
+        .collect()
 }
 
 fn combine(into: &mut Value, from: Value) {
@@ -208,7 +324,7 @@ mod tests {
 
     #[wasm_bindgen_test(unsupported = test)]
     fn workers_add_up_to_one_series_per_pool() {
-        let add = |r: &mut Recorder, m: &Metric, v: &[&str], d| {
+        let add = |r: &mut Recorder, m: &'static Metric, v: &[&str], d| {
             let l = r.labels(m, v);
             r.add(m, l, d)
         };
@@ -306,5 +422,74 @@ mod tests {
         assert!(
             text.contains("llm_d_epp_per_endpoint_queue_size{name=\"p\",model_server_endpoint=")
         );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_tenant_idle_on_every_vm_leaves_the_exposition() {
+        use crate::metrics::recorder::IDLE_MS;
+        use crate::metrics::OBJECTIVE_REQUEST_TOTAL;
+        let count = |tenant: &'static str, at: i64| {
+            vm(
+                move |r: &mut Recorder| {
+                    let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &[tenant, ""]);
+                    r.add(&OBJECTIVE_REQUEST_TOTAL, l, 1);
+                    let l = r.labels(&SCHEDULER_E2E_DURATION, &[]);
+                    r.observe(&SCHEDULER_E2E_DURATION, l, 100);
+                },
+                at,
+            )
+        };
+        let now = 2 * IDLE_MS;
+        // "gone" was last counted more than IDLE_MS ago on both VMs; "back" is idle on one
+        // VM but was counted lately on the other.
+        let records = [
+            count("gone", now - IDLE_MS - 1),
+            count("gone", now - IDLE_MS - 5),
+            count("back", now - IDLE_MS - 1),
+            count("back", now - 1_000),
+        ];
+        let text = render(&records, now);
+        assert!(!text.contains("model_name=\"gone\""));
+        assert!(
+            text.contains(
+                "inference_objective_request_total{model_name=\"back\",target_model_name=\"\"} 2\n"
+            ),
+            "{text}"
+        );
+        // Series a client did not choose stay, idle or not.
+        assert!(text.contains("inference_extension_scheduler_e2e_duration_seconds_count 4\n"));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_scrape_lists_at_most_the_cap_of_client_values_whatever_the_number_of_vms() {
+        use crate::metrics::recorder::{LABEL_CAP, OTHER};
+        use crate::metrics::OBJECTIVE_REQUEST_TOTAL;
+        // Two VMs, each with its own LABEL_CAP names; the second VM's are newer.
+        let names = |prefix: &'static str, at: i64| {
+            vm(
+                move |r: &mut Recorder| {
+                    for i in 0..LABEL_CAP {
+                        let name = format!("{prefix}-{i}");
+                        let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &[&name, ""]);
+                        r.add(&OBJECTIVE_REQUEST_TOTAL, l, 1);
+                    }
+                },
+                at,
+            )
+        };
+        let text = render(&[names("old", 1_000), names("new", 2_000)], 3_000);
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("inference_objective_request_total{"))
+            .collect();
+        assert_eq!(lines.len(), LABEL_CAP + 1);
+        assert!(lines.iter().all(|l| !l.contains("\"old-")));
+        assert!(lines.contains(
+            &"inference_objective_request_total{model_name=\"new-7\",target_model_name=\"\"} 1"
+        ));
+        let other = format!(
+            "inference_objective_request_total{{model_name=\"{OTHER}\",target_model_name=\"\"}} {LABEL_CAP}"
+        );
+        assert!(lines.contains(&other.as_str()), "{}", lines[0]);
     }
 }

@@ -5,30 +5,54 @@
 //! metrics scrape merges every VM's record ([`super::exposition`]). Counters and
 //! histograms are cumulative since the VM started; gauges are this VM's share (summed
 //! over VMs) or, for [`Kind::Level`], a value set at a time (the latest wins).
+//!
+//! Series whose labels carry a value a client chose (a fairness id, a model name) come
+//! and go with the clients: one that nobody has updated for [`IDLE_MS`] leaves the
+//! exposition, and a VM drops its copy once it is idle on every VM ([`Recorder::expire`]),
+//! which frees its place under [`LABEL_CAP`]. Envoy's own stats are never freed, so the
+//! values Envoy gets are capped for the VM's lifetime instead ([`Recorder::envoy_labels`]).
 
 use super::{Kind, Metric};
 use prost::Message;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
-/// Distinct values a VM reports per client-chosen label family before the rest are
-/// reported as [`OTHER`]: `model_name` and `target_model_name` share one cap,
-/// `fairness_id` has its own (the llm-d router's caps).
+/// Distinct values a VM reports at a time per client-chosen label family before the rest
+/// are reported as [`OTHER`]: `model_name` and `target_model_name` share one cap,
+/// `fairness_id` has its own (the llm-d router's caps). Also the lifetime cap of the
+/// values Envoy's own counters and gauges get.
 pub const LABEL_CAP: usize = 1_000;
+/// A series with a client-chosen label value that no VM has updated for this long is
+/// left out of the exposition, by default (ms; `pool.metricsEndpoint.idleSeriesSeconds`).
+pub const IDLE_MS: i64 = 10 * 60_000;
+/// How much longer than the idle time a VM keeps an idle series before dropping it, so that
+/// every VM's copy has left the exposition first (ms).
+pub const EXPIRY_GRACE_MS: i64 = 60_000;
 /// The value reported for a client-chosen label beyond [`LABEL_CAP`].
 pub const OTHER: &str = "other";
-/// Distinct client-chosen values a VM gives Envoy's own histograms per family; beyond
-/// it, [`OTHER`]. Envoy never frees a stat and a histogram costs it far more memory than
-/// a counter (its buckets, per worker), so a flood of tenants or model names would grow
-/// Envoy without this; the filter's own endpoint keeps [`LABEL_CAP`].
+/// Distinct client-chosen values a VM gives Envoy's own histograms per family in its
+/// lifetime; beyond it, [`OTHER`]. Envoy never frees a stat and a histogram costs it far
+/// more memory than a counter (its buckets, per worker), so a flood of tenants or model
+/// names would grow Envoy without this; the filter's own endpoint keeps [`LABEL_CAP`].
 pub const ENVOY_HISTOGRAM_LABEL_CAP: usize = 32;
 
-/// The label families whose values come from clients, by label name.
-fn family(label: &str) -> Option<usize> {
+/// The label families whose values come from clients, by label name: `model_name` and
+/// `target_model_name` (0), `fairness_id` (1).
+pub fn family(label: &str) -> Option<usize> {
     match label {
         "model_name" | "target_model_name" | "target_model" => Some(0),
         "fairness_id" => Some(1),
         _ => None,
     }
+}
+
+/// Whether a series of `metric` with these label values carries a value a client chose
+/// (not empty, not [`OTHER`]): such series expire when idle.
+pub fn client_chosen(metric: &Metric, values: &[String]) -> bool {
+    metric
+        .labels
+        .iter()
+        .zip(values)
+        .any(|(label, value)| family(label).is_some() && !value.is_empty() && value != OTHER)
 }
 
 /// The value of one series.
@@ -57,10 +81,34 @@ pub enum Value {
 #[derive(Debug, Default)]
 pub struct Recorder {
     /// Every series, in the order first recorded; [`Slot`]s index it.
-    series: Vec<(&'static str, Vec<String>, Value)>,
+    series: Vec<Series>,
     index: HashMap<(&'static str, Vec<String>), usize>,
+    /// Client-chosen values held now, per family.
     seen: [BTreeSet<String>; 2],
-    envoy_histogram_seen: [BTreeSet<String>; 2],
+    /// Client-chosen values given to Envoy's stats in this VM's lifetime: counters and
+    /// gauges, histograms; per family.
+    envoy_seen: [[BTreeSet<String>; 2]; 2],
+}
+
+#[derive(Debug)]
+struct Series {
+    metric: &'static Metric,
+    labels: Vec<String>,
+    value: Value,
+    /// Whether a label value was chosen by a client ([`client_chosen`]).
+    client: bool,
+    /// Updated since the last [`Recorder::record`].
+    touched: bool,
+    /// The last [`Recorder::record`] that found it touched (ms since the epoch).
+    updated_ms: i64,
+}
+
+impl Series {
+    /// Whether it still holds something only this VM knows is pending: a gauge share
+    /// that is not back to zero.
+    fn pending(&self) -> bool {
+        matches!(self.metric.kind, Kind::Gauge) && matches!(self.value, Value::Sum(v) if v != 0.0)
+    }
 }
 
 /// Where one series lives in a [`Recorder`]: a caller that keeps it updates the series
@@ -93,25 +141,28 @@ impl Recorder {
             .collect()
     }
 
-    /// The label values for Envoy's own stat of `metric`, from [`Recorder::labels`]'s: for
-    /// a histogram, client-chosen values beyond [`ENVOY_HISTOGRAM_LABEL_CAP`] per family
-    /// become [`OTHER`]; other kinds keep them.
+    /// The label values for Envoy's own stat of `metric`, from [`Recorder::labels`]'s:
+    /// client-chosen values beyond a lifetime cap per family become [`OTHER`]
+    /// ([`ENVOY_HISTOGRAM_LABEL_CAP`] for histograms, [`LABEL_CAP`] for the others), since
+    /// Envoy keeps every stat it was given until it exits.
     pub fn envoy_labels(&mut self, metric: &Metric, labels: &[String]) -> Vec<String> {
-        if metric.kind != Kind::Histogram {
-            return labels.to_vec();
-        }
+        let (kind, cap) = match metric.kind {
+            Kind::Histogram => (1, ENVOY_HISTOGRAM_LABEL_CAP),
+            _ => (0, LABEL_CAP),
+        };
         metric
             .labels
             .iter()
             .zip(labels)
             .map(|(label, value)| {
-                let Some(seen) = family(label).and_then(|f| self.envoy_histogram_seen.get_mut(f))
+                let Some(seen) = family(label)
+                    .and_then(|f| self.envoy_seen.get_mut(kind).and_then(|k| k.get_mut(f)))
                 else {
                     return value.clone();
                 };
                 if value.is_empty() || value == OTHER || seen.contains(value.as_str()) {
                     value.clone()
-                } else if seen.len() < ENVOY_HISTOGRAM_LABEL_CAP {
+                } else if seen.len() < cap {
                     seen.insert(value.clone());
                     value.clone()
                 } else {
@@ -122,7 +173,7 @@ impl Recorder {
     }
 
     /// The series of `metric` with these (capped) label values, created empty if new.
-    pub fn slot(&mut self, metric: &Metric, labels: Vec<String>) -> Slot {
+    pub fn slot(&mut self, metric: &'static Metric, labels: Vec<String>) -> Slot {
         let key = (metric.name, labels);
         if let Some(i) = self.index.get(&key) {
             return Slot(*i);
@@ -139,13 +190,23 @@ impl Recorder {
             },
         };
         let i = self.series.len();
-        self.series.push((metric.name, key.1.clone(), empty));
+        self.series.push(Series {
+            metric,
+            labels: key.1.clone(),
+            value: empty,
+            client: client_chosen(metric, &key.1),
+            touched: true,
+            updated_ms: 0,
+        });
         self.index.insert(key, i);
         Slot(i)
     }
 
     fn value(&mut self, slot: Slot) -> Option<&mut Value> {
-        self.series.get_mut(slot.0).map(|(_, _, v)| v)
+        self.series.get_mut(slot.0).map(|s| {
+            s.touched = true;
+            &mut s.value
+        })
     }
 
     /// Adds `raw` (in the metric's recorded unit) to a counter or gauge.
@@ -179,19 +240,19 @@ impl Recorder {
     }
 
     /// Adds `raw` to a counter or gauge, by labels.
-    pub fn add(&mut self, metric: &Metric, labels: Vec<String>, raw: i64) {
+    pub fn add(&mut self, metric: &'static Metric, labels: Vec<String>, raw: i64) {
         let slot = self.slot(metric, labels);
         self.add_at(slot, metric, raw);
     }
 
     /// Sets a gauge, by labels.
-    pub fn set(&mut self, metric: &Metric, labels: Vec<String>, value: f64, at_ms: i64) {
+    pub fn set(&mut self, metric: &'static Metric, labels: Vec<String>, value: f64, at_ms: i64) {
         let slot = self.slot(metric, labels);
         self.set_at(slot, value, at_ms);
     }
 
     /// Records one histogram observation, by labels.
-    pub fn observe(&mut self, metric: &Metric, labels: Vec<String>, raw: u64) {
+    pub fn observe(&mut self, metric: &'static Metric, labels: Vec<String>, raw: u64) {
         let slot = self.slot(metric, labels);
         self.observe_at(slot, metric, raw);
     }
@@ -206,20 +267,23 @@ impl Recorder {
         self.series.is_empty()
     }
 
-    /// The record this VM publishes, stamped `now_ms`.
-    pub fn record(&self, now_ms: i64) -> Record {
+    /// The record this VM publishes, stamped `now_ms`: series updated since the last
+    /// record, and gauge shares not back to zero, count as updated now.
+    pub fn record(&mut self, now_ms: i64) -> Record {
+        self.stamp(now_ms);
         Record {
             updated_ms: now_ms,
             series: self
                 .series
                 .iter()
-                .map(|(name, labels, value)| {
+                .map(|series| {
                     let mut s = WireSeries {
-                        metric: (*name).to_string(),
-                        labels: labels.clone(),
+                        metric: series.metric.name.to_string(),
+                        labels: series.labels.clone(),
+                        updated_ms: series.updated_ms,
                         ..WireSeries::default()
                     };
-                    match value {
+                    match &series.value {
                         Value::Sum(v) => s.value = *v,
                         Value::Level { value, at_ms } => {
                             s.value = *value;
@@ -234,6 +298,93 @@ impl Recorder {
                 })
                 .collect(),
         }
+    }
+
+    /// Marks the series updated since the last stamp, and the gauge shares not back to
+    /// zero, as updated at `now_ms`.
+    pub fn stamp(&mut self, now_ms: i64) {
+        for s in &mut self.series {
+            if s.touched || s.pending() {
+                s.updated_ms = now_ms;
+                s.touched = false;
+            }
+        }
+    }
+
+    /// Whether some series is idle here long enough to be dropped if it is idle on every
+    /// VM (then [`Recorder::expire`] needs the other VMs' records).
+    pub fn has_expirable(&self, now_ms: i64, idle_ms: i64) -> bool {
+        self.series.iter().any(|s| expirable(s, now_ms, idle_ms))
+    }
+
+    /// Drops the series with a client-chosen label value that were idle for `idle_ms` +
+    /// [`EXPIRY_GRACE_MS`] here and in every record of `others` (the other VMs'), freeing
+    /// their places under [`LABEL_CAP`]. Returns how many were dropped; the [`Slot`]s
+    /// handed out before are then invalid.
+    pub fn expire(&mut self, now_ms: i64, idle_ms: i64, others: &[Record]) -> usize {
+        let since = now_ms.saturating_sub(idle_ms + EXPIRY_GRACE_MS);
+        let mut idle: HashSet<(&str, &[String])> = self
+            .series
+            .iter()
+            .filter(|s| expirable(s, now_ms, idle_ms))
+            .map(|s| (s.metric.name, s.labels.as_slice()))
+            .collect();
+        if idle.is_empty() {
+            return 0;
+        }
+        for record in others {
+            for s in &record.series {
+                if series_updated_ms(record, s) > since {
+                    idle.remove(&(s.metric.as_str(), s.labels.as_slice()));
+                }
+            }
+        }
+        if idle.is_empty() {
+            return 0;
+        }
+        let drop: Vec<bool> = self
+            .series
+            .iter()
+            .map(|s| idle.contains(&(s.metric.name, s.labels.as_slice())))
+            .collect();
+        let before = self.series.len();
+        let mut flags = drop.into_iter();
+        self.series.retain(|_| !flags.next().unwrap_or(false));
+        self.index = self
+            .series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ((s.metric.name, s.labels.clone()), i))
+            .collect();
+        self.seen = Default::default();
+        for s in &self.series {
+            for (label, value) in s.metric.labels.iter().zip(&s.labels) {
+                if let Some(seen) = family(label).and_then(|f| self.seen.get_mut(f)) {
+                    if !value.is_empty() && value != OTHER {
+                        seen.insert(value.clone());
+                    }
+                }
+            }
+        }
+        before - self.series.len()
+    }
+}
+
+/// Whether `s` may be dropped as of `now_ms` as far as this VM knows.
+fn expirable(s: &Series, now_ms: i64, idle_ms: i64) -> bool {
+    s.client
+        && !s.touched
+        && !s.pending()
+        && s.updated_ms <= now_ms.saturating_sub(idle_ms + EXPIRY_GRACE_MS)
+}
+
+/// When a series of `record` was last updated; a record from a build that did not stamp
+/// series counts its series as updated when it was written.
+pub fn series_updated_ms(record: &Record, series: &WireSeries) -> i64 {
+    if series.updated_ms > 0 {
+        series.updated_ms
+    } else {
+        record.updated_ms
     }
 }
 
@@ -267,6 +418,9 @@ pub struct WireSeries {
     /// When a [`Kind::Level`] gauge was set (0 for the others).
     #[prost(int64, tag = "5")]
     pub set_at_ms: i64,
+    /// When the VM last found it updated (ms since the epoch; 0 from older builds).
+    #[prost(int64, tag = "6")]
+    pub updated_ms: i64,
 }
 
 impl WireSeries {
@@ -290,8 +444,8 @@ impl WireSeries {
 mod tests {
     use super::*;
     use crate::metrics::{
-        FLOW_ENQUEUE_DURATION, FLOW_QUEUE_SIZE, OBJECTIVE_RUNNING_REQUESTS, POOL_AVERAGE_KV,
-        SCHEDULER_E2E_DURATION,
+        FLOW_ENQUEUE_DURATION, FLOW_QUEUE_SIZE, OBJECTIVE_REQUEST_TOTAL,
+        OBJECTIVE_RUNNING_REQUESTS, POOL_AVERAGE_KV, SCHEDULER_E2E_DURATION,
     };
     use wasm_bindgen_test::wasm_bindgen_test;
 
@@ -373,5 +527,99 @@ mod tests {
         // choose are never capped.
         let l = r.labels(&FLOW_ENQUEUE_DURATION, &["tenant-5", "0", "EvictedTTL"]);
         assert_eq!(r.envoy_labels(&FLOW_ENQUEUE_DURATION, &l), l);
+    }
+
+    const GONE: i64 = IDLE_MS + EXPIRY_GRACE_MS + 1;
+
+    fn count(r: &mut Recorder, tenant: &str) {
+        let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &[tenant, ""]);
+        r.add(&OBJECTIVE_REQUEST_TOTAL, l, 1);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn idle_tenants_are_dropped_and_free_their_place_under_the_cap() {
+        let mut r = Recorder::default();
+        for i in 0..LABEL_CAP {
+            count(&mut r, &format!("tenant-{i}"));
+        }
+        let l = r.labels(&SCHEDULER_E2E_DURATION, &[]);
+        r.observe(&SCHEDULER_E2E_DURATION, l, 100);
+        r.record(1_000);
+        // Full: the next new tenant is `other`.
+        assert_eq!(r.labels(&OBJECTIVE_REQUEST_TOTAL, &["late", ""])[0], OTHER);
+
+        // Not idle long enough yet: nothing goes.
+        assert!(!r.has_expirable(1_000 + IDLE_MS, IDLE_MS));
+        assert_eq!(r.expire(1_000 + IDLE_MS, IDLE_MS, &[]), 0);
+        // One tenant came back in the meantime: it stays; the others go, and so does
+        // nothing that a client did not choose.
+        count(&mut r, "tenant-7");
+        r.record(1_000 + IDLE_MS);
+        assert!(r.has_expirable(1_000 + GONE, IDLE_MS));
+        assert_eq!(r.expire(1_000 + GONE, IDLE_MS, &[]), LABEL_CAP - 1);
+        let rec = r.record(1_000 + GONE);
+        let names: Vec<&str> = rec.series.iter().map(|s| s.metric.as_str()).collect();
+        assert_eq!(
+            names,
+            [OBJECTIVE_REQUEST_TOTAL.name, SCHEDULER_E2E_DURATION.name]
+        );
+        assert_eq!(rec.series[0].labels[0], "tenant-7");
+        // Their places are free again, and the kept series still counts where it was.
+        assert_eq!(r.labels(&OBJECTIVE_REQUEST_TOTAL, &["late", ""])[0], "late");
+        count(&mut r, "tenant-7");
+        assert_eq!(r.record(1_000 + GONE).series[0].value, 3.0);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_series_another_vm_still_updates_is_kept() {
+        let mut here = Recorder::default();
+        count(&mut here, "shared");
+        count(&mut here, "only-here");
+        here.record(0);
+        let mut there = Recorder::default();
+        count(&mut there, "shared");
+        let theirs = there.record(GONE - 10);
+        // Dropping ours while the other VM still counts would make the merged counter
+        // go down (a false reset to Prometheus).
+        assert_eq!(here.expire(GONE, IDLE_MS, &[theirs]), 1);
+        let kept = here.record(GONE);
+        assert_eq!(kept.series.len(), 1);
+        assert_eq!(kept.series[0].labels[0], "shared");
+        // A record from a build without series stamps counts as updated when written.
+        let mut old = there.record(GONE - 10);
+        old.series[0].updated_ms = 0;
+        assert_eq!(here.expire(GONE, IDLE_MS, &[old]), 0);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_gauge_share_not_back_to_zero_is_never_dropped() {
+        let mut r = Recorder::default();
+        let queued = r.labels(&FLOW_QUEUE_SIZE, &["t", "0", "pool", "m", "m"]);
+        r.add(&FLOW_QUEUE_SIZE, queued.clone(), 1);
+        r.record(0);
+        assert_eq!(r.expire(GONE, IDLE_MS, &[]), 0);
+        assert_eq!(r.expire(10 * GONE, IDLE_MS, &[]), 0);
+        r.add(&FLOW_QUEUE_SIZE, queued, -1);
+        r.record(10 * GONE);
+        assert_eq!(r.expire(10 * GONE + GONE, IDLE_MS, &[]), 1);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn envoy_keeps_its_lifetime_cap_when_the_recorder_frees_places() {
+        let mut r = Recorder::default();
+        for i in 0..LABEL_CAP {
+            count(&mut r, &format!("tenant-{i}"));
+            let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &[&format!("tenant-{i}"), ""]);
+            assert_eq!(r.envoy_labels(&OBJECTIVE_REQUEST_TOTAL, &l), l);
+        }
+        r.record(0);
+        assert_eq!(r.expire(GONE, IDLE_MS, &[]), LABEL_CAP);
+        let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &["new", ""]);
+        assert_eq!(l[0], "new");
+        // Envoy never frees a stat: a new value after the cap goes to `other` there.
+        assert_eq!(r.envoy_labels(&OBJECTIVE_REQUEST_TOTAL, &l)[0], OTHER);
+        // One Envoy already has keeps its own stat.
+        let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &["tenant-3", ""]);
+        assert_eq!(r.envoy_labels(&OBJECTIVE_REQUEST_TOTAL, &l)[0], "tenant-3");
     }
 }

@@ -190,8 +190,8 @@ fn on_port(port: u16) -> bool {
 }
 
 /// Answers a scrape of the filter's own metrics (`pool.metricsEndpoint`).
-fn serve_metrics() -> Action {
-    let text = stats::exposition(vm::id(), host::clock_ms());
+fn serve_metrics(idle_series_ms: i64) -> Action {
+    let text = stats::exposition(vm::id(), host::clock_ms(), idle_series_ms);
     let headers = [("content-type", crate::metrics::exposition::CONTENT_TYPE)];
     match host::send_local_response(200, &headers, text.as_bytes()) {
         Ok(()) => Action::Pause,
@@ -224,7 +224,7 @@ impl HttpContext for Http {
         self.path = headers.get(":path").unwrap_or_default().to_string();
         if let Some(m) = &self.rt.pool.metrics_endpoint {
             if self.path.split('?').next() == Some(m.path.as_str()) && on_port(m.port) {
-                return serve_metrics();
+                return serve_metrics(m.idle_series_ms);
             }
         }
         // The flow, from the source `pool.classification` trusts (a host call only for

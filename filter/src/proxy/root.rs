@@ -149,6 +149,7 @@ impl RootContext for Root {
             if rt.pool.metrics_endpoint.is_some() {
                 stats::publish(id, now, false);
             }
+            stats::expire(id, now, rt.pool.idle_series_ms());
         }
         flow::on_tick(self.id);
         // Finishing a shutdown that had more parked requests than one batch (a failed

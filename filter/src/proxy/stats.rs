@@ -16,6 +16,8 @@ use std::hash::{Hash, Hasher};
 
 /// How often a VM publishes its record.
 pub const PUBLISH_MS: i64 = 500;
+/// How often a VM looks for idle series to drop.
+const EXPIRY_MS: i64 = 60_000;
 /// At most this many VM records are read for one exposition (the newest ids).
 const MAX_VMS: u64 = 1_024;
 
@@ -26,6 +28,7 @@ struct Stats {
     /// slot and the Envoy stat id, found again with no allocation.
     cache: HashMap<u64, Resolved>,
     published_ms: i64,
+    expired_ms: i64,
 }
 
 struct Resolved {
@@ -45,6 +48,7 @@ thread_local! {
         ids: HashMap::new(),
         cache: HashMap::new(),
         published_ms: i64::MIN,
+        expired_ms: 0,
     });
 }
 
@@ -63,7 +67,7 @@ fn hash(metric: &Metric, values: &[&str]) -> u64 {
 
 /// Runs `f` with the metrics state, the series' slot in the recorder and this VM's
 /// Envoy stat id for the (capped) labels.
-fn with(metric: &Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slot, Option<u32>)) {
+fn with(metric: &'static Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slot, Option<u32>)) {
     STATS.with(|cell| {
         let Ok(mut stats) = cell.try_borrow_mut() else {
             log::error!("internal: nested access to the metrics");
@@ -130,7 +134,7 @@ fn envoy_id(stats: &mut Stats, metric: &Metric, labels: &[String]) -> Option<u32
 }
 
 /// Adds `delta` (in the metric's recorded unit) to a counter or gauge.
-pub fn add(metric: &Metric, values: &[&str], delta: i64) {
+pub fn add(metric: &'static Metric, values: &[&str], delta: i64) {
     with(metric, values, |stats, slot, id| {
         stats.recorder.add_at(slot, metric, delta);
         if let Some(id) = id {
@@ -142,7 +146,7 @@ pub fn add(metric: &Metric, values: &[&str], delta: i64) {
 }
 
 /// Records a histogram observation, or sets a gauge, in the metric's recorded unit.
-pub fn record(metric: &Metric, values: &[&str], value: u64) {
+pub fn record(metric: &'static Metric, values: &[&str], value: u64) {
     match metric.kind {
         Kind::Histogram => observe(metric, values, value),
         _ => set_value(metric, values, value as f64 * metric.unit.scale()),
@@ -150,13 +154,13 @@ pub fn record(metric: &Metric, values: &[&str], value: u64) {
 }
 
 /// Sets a gauge, in the metric's recorded unit (only the lease holder sets pool gauges).
-pub fn set(metric: &Metric, values: &[&str], value: u64) {
+pub fn set(metric: &'static Metric, values: &[&str], value: u64) {
     record(metric, values, value);
 }
 
 /// Sets a gauge to `value` in the exported unit (a fraction, seconds); Envoy's stat gets
 /// it rounded in the recorded unit.
-pub fn set_value(metric: &Metric, values: &[&str], value: f64) {
+pub fn set_value(metric: &'static Metric, values: &[&str], value: f64) {
     let now = host::clock_ms();
     let scaled = value / metric.unit.scale();
     let raw = if scaled.is_finite() && scaled > 0.0 {
@@ -175,7 +179,7 @@ pub fn set_value(metric: &Metric, values: &[&str], value: f64) {
 }
 
 /// Records a histogram observation in the metric's recorded unit.
-pub fn observe(metric: &Metric, values: &[&str], value: u64) {
+pub fn observe(metric: &'static Metric, values: &[&str], value: u64) {
     with(metric, values, |stats, slot, id| {
         stats.recorder.observe_at(slot, metric, value);
         if let Some(id) = id {
@@ -205,12 +209,54 @@ pub fn publish(vm: u64, now_ms: i64, force: bool) {
     }
 }
 
-/// The Prometheus text of every VM's metrics, this VM's brought up to date first.
-pub fn exposition(vm: u64, now_ms: i64) -> String {
+/// The Prometheus text of every VM's metrics, this VM's brought up to date first. The
+/// records are read and merged one at a time.
+pub fn exposition(vm: u64, now_ms: i64, idle_ms: i64) -> String {
     publish(vm, now_ms, true);
+    let mut merger = exposition::Merger::new(now_ms, idle_ms);
+    for id in vm_ids(vm) {
+        if let Ok(Some(record)) = read::<Record>(&HostStore, &key(id)) {
+            merger.add(&record);
+        }
+    }
+    merger.render()
+}
+
+/// The ids whose records an exposition reads: the newest [`MAX_VMS`].
+fn vm_ids(vm: u64) -> std::ops::RangeInclusive<u64> {
     let last = vm::allocated().max(vm);
-    let records: Vec<Record> = (last.saturating_sub(MAX_VMS) + 1..=last)
+    last.saturating_sub(MAX_VMS) + 1..=last
+}
+
+/// Drops this VM's series that every VM has left idle (a client-chosen label value gone
+/// for `idle_ms` and a grace), at most every [`EXPIRY_MS`]; the other VMs' records are
+/// read only when some series is idle here.
+pub fn expire(vm: u64, now_ms: i64, idle_ms: i64) {
+    let due = STATS.with(|cell| {
+        let mut stats = cell.try_borrow_mut().ok()?;
+        if now_ms.saturating_sub(stats.expired_ms) < EXPIRY_MS {
+            return None;
+        }
+        stats.expired_ms = now_ms;
+        stats.recorder.stamp(now_ms);
+        Some(stats.recorder.has_expirable(now_ms, idle_ms))
+    });
+    if due != Some(true) {
+        return;
+    }
+    let others: Vec<Record> = vm_ids(vm)
+        .filter(|id| *id != vm)
         .filter_map(|id| read::<Record>(&HostStore, &key(id)).ok().flatten())
         .collect();
-    exposition::render(&records, now_ms)
+    STATS.with(|cell| {
+        let Ok(mut stats) = cell.try_borrow_mut() else {
+            return;
+        };
+        let dropped = stats.recorder.expire(now_ms, idle_ms, &others);
+        if dropped > 0 {
+            // Slots moved: resolve every series again.
+            stats.cache.clear();
+            log::debug!("dropped {dropped} idle metric series");
+        }
+    });
 }

@@ -67,6 +67,15 @@ fn reads_endpoints_as_strings_or_objects() {
 }
 
 #[wasm_bindgen_test(unsupported = test)]
+fn idle_metric_series_expire_after_ten_minutes_unless_configured() {
+    let c = parse(r#"{"pool":{"metricsEndpoint":{"port":9090}}}"#).unwrap();
+    assert_eq!(c.pool.idle_series_ms(), 600_000);
+    let c = parse(r#"{"pool":{"metricsEndpoint":{"port":9090,"idleSeriesSeconds":90}}}"#).unwrap();
+    assert_eq!(c.pool.idle_series_ms(), 90_000);
+    assert_eq!(parse("{}").unwrap().pool.idle_series_ms(), 600_000);
+}
+
+#[wasm_bindgen_test(unsupported = test)]
 fn a_full_reference_style_configuration_loads() {
     let c = parse(
         r#"{
@@ -240,6 +249,11 @@ fn errors_name_the_field_and_the_reason() {
             r#"{"pool":{"metricsEndpoint":{}}}"#,
             "pool.metricsEndpoint",
             "missing field `port`",
+        ),
+        (
+            r#"{"pool":{"metricsEndpoint":{"port":9090,"idleSeriesSeconds":5}}}"#,
+            "pool.metricsEndpoint.idleSeriesSeconds",
+            "from 60 to 604800",
         ),
         (r#"{"kind":"Other"}"#, "kind", "EndpointPickerConfig"),
         (

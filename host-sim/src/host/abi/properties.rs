@@ -10,6 +10,8 @@ use wasmtime::Val;
 
 /// The listener address every stream arrives on (`destination.address`).
 const LISTENER_ADDRESS: &[u8] = b"127.0.0.1:10000";
+/// Its port (`destination.port`, an integer as Envoy gives it).
+const LISTENER_PORT: u16 = 10000;
 
 /// The value of the property at `path`, if it has one now.
 fn property(h: &HostState, path: &[&str]) -> Option<Vec<u8>> {
@@ -27,6 +29,7 @@ fn property(h: &HostState, path: &[&str]) -> Option<Vec<u8>> {
         ["upstream", "address"] => s?.upstream_address.clone().map(String::into_bytes),
         ["source", "address"] => s.map(|s| s.source_address.clone().into_bytes()),
         ["destination", "address"] => s.map(|_| LISTENER_ADDRESS.to_vec()),
+        ["destination", "port"] => s.map(|_| i64::from(LISTENER_PORT).to_le_bytes().to_vec()),
         ["request", "path"] => header(":path"),
         ["request", "method"] => header(":method"),
         ["request", "host"] => header(":authority"),
