@@ -193,6 +193,29 @@ pub fn release(
     })
 }
 
+/// Moves a request that Envoy retried on another endpoint (a fallback of
+/// `x-gateway-destination-endpoint`) from `from` to `to`: it no longer loads `from`, which
+/// failed it before any response (refused or reset: a failure for passive health when
+/// `health` watches), and loads `to` until it finishes. Returns the ejection of `from` it
+/// caused, if any.
+pub fn moved(
+    store: &impl SharedStore,
+    vm: u64,
+    (from, to): (&str, &str),
+    tokens: u64,
+    now_ms: i64,
+    health: Option<&PassiveHealth>,
+) -> Result<Option<u64>, StoreError> {
+    let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
+        ledger.add_with_tokens(vm, from, -1, -tokens, now_ms);
+        ledger.add_with_tokens(vm, to, 1, tokens, now_ms);
+        health.and_then(|policy| {
+            health::record(&mut ledger.health, from, Outcome::Failure, now_ms, policy)
+        })
+    })
+}
+
 /// Marks `vm` as alive (call it from the VM's tick), so its row is not taken for a dead
 /// VM's, and drops the rows of dead VMs so their counts stop skewing picks.
 pub fn heartbeat(store: &impl SharedStore, vm: u64, now_ms: i64) -> Result<(), StoreError> {
@@ -340,5 +363,32 @@ mod tests {
         release(&s, 1, EPS[0], 0, 0, None).unwrap();
         acquire(&s, 2, &EPS[..1], 0, 0).unwrap();
         assert_eq!(ledger(&s).in_flight(EPS[0]), 1);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_request_retried_elsewhere_loads_the_fallback_and_counts_against_the_pick() {
+        let s = MemoryStore::default();
+        let policy = PassiveHealth::default();
+        let mut ejected = None;
+        for i in 0..policy.consecutive_failures {
+            let got = acquire_with(&s, 1, i64::from(i), |_| {
+                (Some((EPS[0].to_string(), 10)), ())
+            });
+            assert!(got.is_ok());
+            // Envoy could not connect to the pick and retried on the next endpoint.
+            ejected = moved(&s, 1, (EPS[0], EPS[1]), 10, i64::from(i), Some(&policy)).unwrap();
+            let l = ledger(&s);
+            assert_eq!(l.in_flight(EPS[0]), 0);
+            assert_eq!(l.in_flight(EPS[1]), u64::from(i) + 1);
+        }
+        // As many refusals as a run of 5xx answers eject the pick.
+        assert!(ejected.is_some());
+        assert!(health::is_ejected(&ledger(&s).health, EPS[0], 10));
+        assert!(!health::is_ejected(&ledger(&s).health, EPS[1], 10));
+        // Without passive health the load still moves, and nothing is ejected.
+        let s = MemoryStore::default();
+        acquire_with(&s, 1, 0, |_| (Some((EPS[0].to_string(), 10)), ())).unwrap();
+        assert_eq!(moved(&s, 1, (EPS[0], EPS[2]), 10, 0, None).unwrap(), None);
+        assert_eq!(ledger(&s).totals()[EPS[2]], (1, 10));
     }
 }

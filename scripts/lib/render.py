@@ -50,6 +50,12 @@ def main():
                    help="an extra STATIC cluster NAME=ip:port,... (e.g. for pool.discovery)")
     p.add_argument("--pre-filter", help="HTTP filters (YAML) to run before the picker")
     p.add_argument("--ecds", help="deliver the filter's configuration from this watched file")
+    p.add_argument("--override-host", action="store_true",
+                   help="route as the Istio and Envoy Gateway manifests do: the pool is a "
+                        "cluster of the configured endpoints with the override_host load "
+                        "balancing policy (x-gateway-destination-endpoint, primary then "
+                        "fallbacks; round robin without it) and the route retries a failed "
+                        "connection on the next endpoint of the list")
     p.add_argument("--eds", action="append", default=[],
                    help="a cluster NAME=FILE whose endpoints come from a watched EDS file")
     a = p.parse_args()
@@ -129,7 +135,47 @@ def main():
            .replace("{{HTTP_FILTERS}}", filters)
            .replace("{{EXTRA_LISTENERS}}\n", listeners + "\n" if listeners else "")
            .replace("{{EXTRA_CLUSTERS}}\n", extra))
+    if a.override_host:
+        out = override_host(out, config.get("pool", {}).get("endpoints", []))
     sys.stdout.write(out)
+
+
+# The route's retries in --override-host (Istio's default retry policy, less the status
+# codes: a model server's 503 is an answer, not a reason to send the prompt again).
+RETRY = ("retry_policy: {retry_on: \"connect-failure,refused-stream,reset-before-request\", "
+         "num_retries: 2}")
+
+
+def override_host(bootstrap, endpoints):
+    """The bootstrap with the ORIGINAL_DST pool replaced by a STATIC cluster of
+    `endpoints` balanced by override_host, and retries on the route."""
+    route = "route: {cluster: pool, timeout: 0s}"
+    start = bootstrap.index("\n  - name: pool\n") + 1
+    end = bootstrap.index("\n  - name: epp-metrics\n") + 1
+    hosts = []
+    for e in endpoints:
+        addr = e.get("address", "") if isinstance(e, dict) else e
+        host, _, port = addr.rpartition(":")
+        hosts.append("{endpoint: {address: {socket_address: {address: %s, port_value: %d}}}}"
+                     % (json.dumps(host.strip("[]")), int(port)))
+    lb = "type.googleapis.com/envoy.extensions.load_balancing_policies"
+    cluster = (
+        "  - name: pool\n    connect_timeout: 2s\n    type: STATIC\n"
+        "    load_assignment: {cluster_name: pool, endpoints: [{lb_endpoints: [%s]}]}\n"
+        "    load_balancing_policy:\n      policies:\n      - typed_extension_config:\n"
+        "          name: envoy.load_balancing_policies.override_host\n"
+        "          typed_config:\n"
+        "            \"@type\": %s.override_host.v3.OverrideHost\n"
+        "            override_host_sources: [{header: x-gateway-destination-endpoint}]\n"
+        "            fallback_policy:\n              policies:\n"
+        "              - typed_extension_config:\n"
+        "                  name: envoy.load_balancing_policies.round_robin\n"
+        "                  typed_config: {\"@type\": %s.round_robin.v3.RoundRobin}\n"
+        "    circuit_breakers:\n      thresholds: [{max_connections: 100000, "
+        "max_pending_requests: 100000, max_requests: 100000}]\n"
+        % (", ".join(hosts), lb, lb))
+    return (bootstrap[:start] + cluster + bootstrap[end:]).replace(
+        route, "route: {cluster: pool, timeout: 0s, %s}" % RETRY)
 
 
 def write_ecds(path, wasm_filter):

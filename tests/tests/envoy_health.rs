@@ -68,6 +68,60 @@ fn a_dead_server_is_ejected_after_five_connection_failures() {
     assert_eq!(ejections(&envoy), 1);
 }
 
+/// Envoy as the Istio and Envoy Gateway manifests set it up: the pool cluster balanced by
+/// `override_host` on `x-gateway-destination-endpoint` (primary, then fallbacks) and a
+/// route retry on connection failures (`render.py --override-host`).
+fn start_with_retries(servers: &[VllmSimServer]) -> Envoy {
+    let dir = tests::scratch_dir("override-host");
+    let config = dir.join("filter.json");
+    let filter = json!({
+        "plugins": [{"type": "queue-scorer"}, {"type": "max-score-picker"}],
+        "dataLayer": {"sources": []},
+        "pool": {"passiveHealth": {"baseEjectionTime": "30s"}}
+    });
+    std::fs::write(&config, filter.to_string()).expect("write the filter config");
+    Envoy::launch(
+        &config,
+        &VllmSimServer::addresses(servers),
+        2,
+        &["--override-host".to_string()],
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn with_retries_on_the_fallbacks_a_dead_server_costs_clients_nothing_and_is_ejected() {
+    let mut servers = VllmSimServer::pool(2, &["--model", MODEL]);
+    let live = servers[0].address.clone();
+    let envoy = start_with_retries(&servers);
+    assert!(statuses(&envoy, 4).iter().all(|s| *s == 200));
+    drop(servers.pop()); // killed: connections refused from now on
+                         // Every request the picker sends to the dead server is retried on the next endpoint
+                         // of its list: no client sees an error.
+    let got = statuses(&envoy, 30);
+    assert!(got.iter().all(|s| *s == 200), "{got:?}");
+    // The filter saw each refusal (the answer came from another endpoint than its pick),
+    // so the dead server is ejected as if it had answered 5xx.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while ejections(&envoy) < 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(ejections(&envoy), 1);
+    // Nothing is left counted on the dead server: the live one takes everything.
+    let served: Vec<String> = (0..10)
+        .map(|i| {
+            let body = json!({"model": MODEL, "prompt": format!("after {i}"), "max_tokens": 2})
+                .to_string();
+            let r = http::post_json(&envoy.listen, "/v1/completions", &body).expect("request");
+            assert_eq!(r.status, 200);
+            r.header("x-gateway-destination-endpoint-served")
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert!(served.iter().all(|s| *s == live), "{served:?}");
+}
+
 #[test]
 fn with_passive_health_off_a_dead_server_keeps_failing_requests() {
     let mut servers = VllmSimServer::pool(2, &["--model", MODEL]);

@@ -385,10 +385,10 @@ impl HttpContext for Http {
         } else {
             None
         };
-        let Some(Some(endpoint)) = vm::with(|vm| {
+        let Some(Some((endpoint, tokens))) = vm::with(|vm| {
             vm.running.get_mut(&self.id).map(|r| {
                 r.status = status;
-                r.endpoint.clone()
+                (r.endpoint.clone(), r.tokens)
             })
         }) else {
             return Action::Continue;
@@ -399,7 +399,25 @@ impl HttpContext for Http {
             .flatten()
             .and_then(|b| String::from_utf8(b).ok())
             .filter(|s| !s.is_empty())
-            .unwrap_or(endpoint);
+            .unwrap_or_else(|| endpoint.clone());
+        if served != endpoint {
+            // Envoy retried on a fallback (override_host with a retry policy): the pick
+            // failed before answering, and the request now loads the one that answers.
+            let health = &self.rt.pool.passive_health;
+            let watch = Some(health).filter(|h| h.enabled());
+            route::moved(
+                vm::id(),
+                (&endpoint, &served),
+                tokens,
+                host::clock_us(),
+                watch,
+            );
+            vm::with(|vm| {
+                if let Some(r) = vm.running.get_mut(&self.id) {
+                    r.endpoint = served.clone();
+                }
+            });
+        }
         feedback::served(self.id, &served);
         if self.rewritten.is_some() {
             // The body changes length when the model name is put back.

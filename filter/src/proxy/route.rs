@@ -19,6 +19,7 @@ use crate::prefix::shared;
 use crate::routing::{self, Pick, Routed};
 use crate::runtime::Runtime;
 use crate::scheduler::Request;
+use crate::shared_store::StoreError;
 
 /// What routing needs to know about a request, kept while it is parked.
 #[derive(Debug, Clone, Default)]
@@ -313,7 +314,27 @@ pub fn release(
     outcome: Option<(Outcome, &PassiveHealth)>,
 ) {
     let now = i64::try_from(now_us / 1_000).unwrap_or(i64::MAX);
-    match inflight::release(&HostStore, vm, endpoint, tokens, now, outcome) {
+    let result = inflight::release(&HostStore, vm, endpoint, tokens, now, outcome);
+    ejected(endpoint, result, "release");
+}
+
+/// Counts a request Envoy retried on `to` as no longer loading `from`, which failed it
+/// (for passive health, when `health` watches).
+pub fn moved(
+    vm: u64,
+    (from, to): (&str, &str),
+    tokens: u64,
+    now_us: u64,
+    health: Option<&PassiveHealth>,
+) {
+    let now = i64::try_from(now_us / 1_000).unwrap_or(i64::MAX);
+    let result = inflight::moved(&HostStore, vm, (from, to), tokens, now, health);
+    ejected(from, result, "move");
+}
+
+/// Logs and counts an ejection of `endpoint` that a ledger update caused.
+fn ejected(endpoint: &str, result: Result<Option<u64>, StoreError>, what: &str) {
+    match result {
         Ok(Some(ms)) => {
             log::warn!("passive health: {endpoint} failed repeatedly; ejected for {ms} ms");
             let (pod, namespace, port) = metrics::pod_labels(endpoint);
@@ -324,7 +345,7 @@ pub fn release(
             );
         }
         Ok(None) => {}
-        Err(e) => log::warn!("in-flight release of {endpoint} failed: {e:?}"),
+        Err(e) => log::warn!("in-flight {what} of {endpoint} failed: {e:?}"),
     }
 }
 

@@ -41,6 +41,8 @@ def options(argv):
     p.add_argument("--ttl", type=float, default=5.0, help="flow control request TTL, s [5]")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--sample-every", type=float, default=5.0)
+    p.add_argument("--idle-series-seconds", type=int, default=None,
+                   help="pool.metricsEndpoint.idleSeriesSeconds [the filter's default, 600]")
     return p.parse_args(argv)
 
 
@@ -56,9 +58,16 @@ def filter_config(o, metrics_port):
                         "priorityBands": [{"priority": p, "fairnessPolicyRef":
                                            "round-robin-fairness-policy"}
                                           for _, p in OBJECTIVES]},
-        "pool": {"name": "soak", "metricsEndpoint": {"port": metrics_port},
+        "pool": {"name": "soak", "metricsEndpoint": metrics_endpoint(o, metrics_port),
                  "objectives": [{"name": n, "priority": p} for n, p in OBJECTIVES]},
     }
+
+
+def metrics_endpoint(o, port):
+    endpoint = {"port": port}
+    if o.idle_series_seconds is not None:
+        endpoint["idleSeriesSeconds"] = o.idle_series_seconds
+    return endpoint
 
 
 def rss_kib(pid):
@@ -226,6 +235,7 @@ def run(o, procs):
              f"(concurrency detector {o.max_num_seqs} per endpoint, TTL {o.ttl:g} s, maxRequests "
              f"200, three bands), loadgen open loop {o.qps:g} req/s streamed, {o.tenants} "
              f"tenants shifting every {o.tenant_churn} requests, {o.cancel:.0%} hung up after "
-             "the first token; one server killed and restarted on its port half way. RSS "
+             "the first token; one server killed and restarted on its port half way; "
+             f"idle metric series expire after {o.idle_series_seconds or 600} s. RSS "
              f"samples (s, KiB): {r['samples']}"]
     return Result("Soak: a long run through Envoy with flow control", table(["measure", "value"], rows), notes)
