@@ -91,6 +91,11 @@ mod tests {
             let d = s
                 .schedule(&request, &c, index, &mut rng, &mut probe)
                 .unwrap();
+            // A prompt a server reports holding part of is not cold: no rendezvous prior may
+            // promote another server over the one that holds it.
+            if d.prefix.iter().take(2).any(|m| m.matched > 0) {
+                assert!(d.prior.is_empty(), "prior {:?}", d.prior);
+            }
             (d.primary().unwrap(), d.prefix.clone())
         };
         index

@@ -67,18 +67,17 @@ impl Publisher {
         let endpoint =
             KvEventsConfig::endpoint_for_rank(&config.endpoint, rank).map_err(io::Error::other)?;
         let mut publisher = PubSocket::new();
-        let events_addr = if binds(&endpoint) || endpoint.ends_with(":0") {
+        // Connecting (to a central subscriber) happens in the send task: as with ZMQ, the
+        // server starts whether or not the peer is there yet.
+        let connect_to = !(binds(&endpoint) || endpoint.ends_with(":0"));
+        let events_addr = if connect_to {
+            endpoint.clone()
+        } else {
             publisher
                 .bind(&bind_address(&endpoint))
                 .await
                 .map_err(|e| zmq_err(&format!("bind {endpoint}"), e))?
                 .to_string()
-        } else {
-            publisher
-                .connect(&endpoint)
-                .await
-                .map_err(|e| zmq_err(&format!("connect {endpoint}"), e))?;
-            endpoint.clone()
         };
         let buffer: Buffer = Arc::new(Mutex::new(VecDeque::new()));
         let mut tasks = Vec::new();
@@ -108,6 +107,7 @@ impl Publisher {
                 keep: config.buffer_steps,
                 block_size,
                 rank,
+                connect_to: connect_to.then(|| endpoint.clone()),
             },
         )));
         Ok(Publisher {
@@ -156,6 +156,8 @@ struct Sender {
     keep: usize,
     block_size: usize,
     rank: usize,
+    /// Connect mode: the endpoint to connect to (retried until it answers).
+    connect_to: Option<String>,
 }
 
 async fn send_batches(
@@ -164,6 +166,11 @@ async fn send_batches(
     buffer: Buffer,
     s: Sender,
 ) {
+    if let Some(endpoint) = &s.connect_to {
+        while socket.connect(endpoint).await.is_err() {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    }
     let mut seq: u64 = 0;
     while let Some(events) = rx.recv().await {
         let ts = crate::server::unix_time().as_secs_f64();
