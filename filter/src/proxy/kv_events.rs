@@ -45,8 +45,10 @@ pub fn tick(rt: &Runtime, now: i64) {
             }
             p.pending = None;
         }
+        // The tick period is the poll interval (or shorter): a quarter of slack keeps a tick
+        // that fires a little early from skipping a whole period.
         let interval = i64::try_from(cfg.poll_interval_ms).unwrap_or(i64::MAX);
-        if now.saturating_sub(p.last_ms) < interval {
+        if now.saturating_sub(p.last_ms) < interval - interval / 4 {
             return;
         }
         p.last_ms = now;
