@@ -93,6 +93,9 @@ pub struct InferenceRequest {
     /// The prompt flattened to text: the prompt string(s), or every message's content
     /// as `role: content` lines.
     pub prompt: String,
+    /// Chat only: each message's role and content lengths (bytes) in `prompt`, so the
+    /// conversation can be rendered again ([`InferenceRequest::messages`]).
+    pub chat: Vec<(u32, u32)>,
     /// `max_tokens` / `max_completion_tokens`, when given.
     pub max_tokens: Option<u64>,
     /// `cache_salt`, when given (it scopes prefix-cache hashes).
@@ -157,8 +160,9 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
             )
         })?),
     };
+    let mut chat = Vec::new();
     let prompt = match api {
-        Api::ChatCompletions => chat_prompt(obj.get("messages"))?,
+        Api::ChatCompletions => chat_prompt(obj.get("messages"), &mut chat)?,
         Api::Responses => responses_prompt(obj)?,
         _ => completion_prompt(obj.get("prompt"))?,
     };
@@ -172,6 +176,7 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
         model,
         stream,
         prompt,
+        chat,
         max_tokens,
         cache_salt: cache_salt(obj),
         usage_expected: !stream || include_usage || api == Api::Responses,
@@ -192,6 +197,7 @@ fn lenient(api: Api, body: &[u8]) -> InferenceRequest {
         model: String::new(),
         stream: false,
         prompt: String::new(),
+        chat: Vec::new(),
         max_tokens: None,
         cache_salt: None,
         usage_expected: false,
@@ -218,7 +224,7 @@ fn lenient(api: Api, body: &[u8]) -> InferenceRequest {
     for f in fields {
         if let Some(v) = obj.get(*f) {
             if *f == "messages" {
-                out.push_str(&chat_prompt(Some(v)).unwrap_or_default());
+                out.push_str(&chat_prompt(Some(v), &mut Vec::new()).unwrap_or_default());
             } else {
                 text_of(v, &mut out);
             }
@@ -327,7 +333,21 @@ fn completion_prompt(v: Option<&Value>) -> Result<String, ApiError> {
     }
 }
 
-fn chat_prompt(v: Option<&Value>) -> Result<String, ApiError> {
+impl InferenceRequest {
+    /// A chat request's `(role, content)` messages, read back from `prompt`.
+    pub fn messages(&self) -> impl Iterator<Item = (&str, &str)> {
+        let mut at = 0usize;
+        self.chat.iter().filter_map(move |&(role, content)| {
+            let (role, content) = (role as usize, content as usize);
+            let r = self.prompt.get(at..at + role)?;
+            let c = self.prompt.get(at + role + 2..at + role + 2 + content)?;
+            at += role + 2 + content + 1;
+            Some((r, c))
+        })
+    }
+}
+
+fn chat_prompt(v: Option<&Value>, spans: &mut Vec<(u32, u32)>) -> Result<String, ApiError> {
     let messages = match v {
         Some(Value::Array(m)) if !m.is_empty() => m,
         Some(Value::Array(_)) | None | Some(Value::Null) => {
@@ -351,6 +371,7 @@ fn chat_prompt(v: Option<&Value>) -> Result<String, ApiError> {
         let role = obj.get("role").and_then(Value::as_str).unwrap_or("");
         out.push_str(role);
         out.push_str(": ");
+        let content_start = out.len();
         match obj.get("content") {
             Some(Value::String(s)) => out.push_str(s),
             // Content parts: keep the text parts, in order.
@@ -363,6 +384,8 @@ fn chat_prompt(v: Option<&Value>) -> Result<String, ApiError> {
             }
             _ => {}
         }
+        let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        spans.push((len(role.len()), len(out.len() - content_start)));
         out.push('\n');
     }
     Ok(out)
@@ -511,6 +534,16 @@ mod tests {
         .unwrap();
         assert!(!r.stream);
         assert_eq!(r.prompt, "system: be brief\nuser: hi\n");
+        let m: Vec<_> = r.messages().collect();
+        assert_eq!(m, vec![("system", "be brief"), ("user", "hi")]);
+        // Contents with the separators in them read back exactly.
+        let r = parse_request(
+            Api::ChatCompletions,
+            br#"{"model":"m","messages":[{"role":"user","content":"a: b\nuser: c"},{"role":"assistant","content":""}]}"#,
+        )
+        .unwrap();
+        let m: Vec<_> = r.messages().collect();
+        assert_eq!(m, vec![("user", "a: b\nuser: c"), ("assistant", "")]);
     }
 
     #[wasm_bindgen_test(unsupported = test)]

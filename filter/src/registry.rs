@@ -20,8 +20,8 @@ use crate::scheduler::filters::slo_tier::{self, PassThrough, SloTier};
 use crate::scheduler::handlers::{pd, single, slo_aware};
 use crate::scheduler::pickers::{max_score, random, weighted_random};
 use crate::scheduler::scorers::{
-    kv_cache, latency as latency_scorer, lora_affinity, no_hit_lru, prefix_cache, queue,
-    running_requests, session_affinity, token_load,
+    kv_cache, latency as latency_scorer, lora_affinity, no_hit_lru, precise_prefix_cache,
+    prefix_cache, queue, running_requests, session_affinity, token_load,
 };
 use crate::scheduler::{Filter, Picker, Scorer};
 use crate::{inflight, openai};
@@ -96,6 +96,8 @@ pub struct Built {
     pub extractor: Option<Mapping>,
     /// The prefix-index parameters it carries.
     pub prefix: Option<PrefixConfig>,
+    /// `precise-prefix-cache-scorer`'s relay settings.
+    pub precise: Option<prefix::precise::PreciseConfig>,
     /// Whether it reads prefix match information (the index is kept only if some
     /// plugin does).
     pub reads_prefix: bool,
@@ -196,6 +198,14 @@ fn prefix_scorer(v: &Value, path: &str) -> Result<Built, ConfigError> {
     })
 }
 
+fn precise_scorer(v: &Value, path: &str) -> Result<Built, ConfigError> {
+    let (s, config) = precise_prefix_cache::PrecisePrefixCache::from_parameters(v, path)?;
+    Ok(Built {
+        precise: Some(config),
+        ..reading_prefix(scorer(s))
+    })
+}
+
 use Role::*;
 
 /// Every plugin type, one line each.
@@ -215,6 +225,7 @@ pub const TYPES: &[PluginType] = &[
     t(lora_affinity::TYPE, &[Scorer], |v, p| Ok(scorer(lora_affinity::LoraAffinity::from_parameters(v, p)?))),
     t(prefix_cache::TYPE, &[Scorer], prefix_scorer),
     t(prefix_cache::ALIAS, &[Scorer], prefix_scorer),
+    t(precise_prefix_cache::TYPE, &[Scorer], precise_scorer),
     t(session_affinity::TYPE, &[Scorer], |v, p| Ok(scorer(session_affinity::SessionAffinity::from_parameters(v, p)?))),
     t(no_hit_lru::TYPE, &[Scorer], |v, p| Ok(reading_prefix(scorer(no_hit_lru::NoHitLru::from_parameters(v, p)?)))),
     t(max_score::TYPE, &[Picker], |v, p| Ok(picker(max_score::MaxScore::from_parameters(v, p)?))),

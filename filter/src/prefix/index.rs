@@ -48,6 +48,9 @@ pub struct PrefixIndex {
     pub(super) ids: HashMap<String, u32>,
     pub(super) lrus: Vec<Lru>,
     pub(super) holders: HashMap<u64, Vec<u32>>,
+    /// What the servers report holding (KV events through `kv-relay`), when
+    /// `precise-prefix-cache-scorer` is configured; empty otherwise.
+    pub precise: super::precise::PreciseState,
 }
 
 impl PrefixIndex {

@@ -6,13 +6,17 @@
 //! * [`rendezvous`] — the prior for prompts this gateway has not seen (replicas agree).
 //! * [`feedback`] — the servers' `cached_tokens` against the index's prediction: detected
 //!   evictions and each endpoint's learned capacity ([`evict`]: the index's side).
+//! * [`precise`] — the blocks each server actually holds, from its KV events through
+//!   `kv-relay` (`precise-prefix-cache-scorer`); [`sim_tokens`] — vllm-sim's tokenizer.
 
 pub mod evict;
 pub mod feedback;
 pub mod hash;
 pub mod index;
+pub mod precise;
 pub mod rendezvous;
 pub mod shared;
+pub mod sim_tokens;
 
 use crate::config::validate::err;
 use crate::config::{ConfigError, Params};

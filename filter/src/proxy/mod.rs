@@ -13,11 +13,14 @@
 //!   response path, its samples and training on the tick.
 //! * `feedback` — cached-token feedback: a request's `usage` read from the end of its
 //!   response chunks, judged against the prefix index's prediction when it ends.
+//! * `kv_events` — `precise-prefix-cache-scorer`: each VM polls `kv-relay` for the blocks
+//!   the servers report (root tick and callout answers).
 
 mod feedback;
 mod flow;
 mod host;
 mod http;
+mod kv_events;
 mod latency;
 mod root;
 mod route;

@@ -51,6 +51,7 @@ impl Context for Root {
     ) {
         if let Some(rt) = &self.runtime {
             scrape::on_response(rt, token_id, body_size);
+            super::kv_events::on_response(rt, token_id, body_size);
         }
     }
 
@@ -125,6 +126,9 @@ impl RootContext for Root {
         if rt.scheduler.latency.is_some() {
             tick = tick.min(LATENCY_TICK_MS);
         }
+        if let Some(p) = &rt.scheduler.precise {
+            tick = tick.min(p.poll_interval_ms);
+        }
         if let Err(status) = host::set_tick_period_ms(u32::try_from(tick.max(1)).unwrap_or(1_000)) {
             log::warn!("cannot set the tick period: status {status}");
         }
@@ -146,6 +150,7 @@ impl RootContext for Root {
         if let Some(rt) = &self.runtime {
             scrape::tick(rt, id, now);
             latency::tick(rt, id, now);
+            super::kv_events::tick(rt, now);
             if rt.pool.metrics_endpoint.is_some() {
                 stats::publish(id, now, false);
             }

@@ -86,10 +86,19 @@ pub fn route(
         _ => None,
     };
     let view = latency::view(rt, now);
+    // With precise prefix matching, a chat prompt is rendered as the servers' chat
+    // template renders it, so its token ids are the servers'.
+    let rendered = match (&rt.scheduler.precise, request) {
+        (Some(p), Some(r)) if !r.chat.is_empty() => Some(p.render_chat(r.messages())),
+        _ => None,
+    };
     let pick = Pick {
         request: Request {
             model: &input.target,
-            prompt: request.map_or("", |r| r.prompt.as_str()),
+            prompt: rendered
+                .as_deref()
+                .or(request.map(|r| r.prompt.as_str()))
+                .unwrap_or(""),
             cache_salt: request.and_then(|r| r.cache_salt.as_deref()),
             body_bytes: input.body_bytes,
             session_token: input.session.as_deref(),

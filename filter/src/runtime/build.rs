@@ -64,6 +64,10 @@ pub fn build(doc: EndpointPickerConfig, resolved: Resolved) -> Result<Runtime, C
         profiles,
         handler,
         prefix: prefix_config(&resolved, &built),
+        precise: resolved
+            .plugins
+            .iter()
+            .find_map(|p| built.get(p.name.as_str()).and_then(|b| b.precise.clone())),
         slo_admitter: built.values().any(|b| b.slo_admitter),
         latency,
     };

@@ -302,6 +302,9 @@ pub struct Scheduler {
     pub handler: Handler,
     /// Prefix parameters, when a plugin needs prefix match information.
     pub prefix: Option<PrefixConfig>,
+    /// `precise-prefix-cache-scorer`: prefix matches from the servers' KV events, where
+    /// known and fresh, replace the approximate ones.
+    pub precise: Option<crate::prefix::precise::PreciseConfig>,
     /// The latency predictor's settings, when a latency producer is configured.
     pub latency: Option<latency::Settings>,
     /// `latency-slo-admitter`: sheddable requests no endpoint can serve are refused.
@@ -363,10 +366,32 @@ impl Scheduler {
         );
         let bs = u32::try_from(block_tokens).unwrap_or(u32::MAX);
         let addresses = || candidates.iter().map(|c| c.address.as_str());
-        let matches = index.matches(&hashes, addresses(), bs);
+        let mut matches = index.matches(&hashes, addresses(), bs);
+        // Precise matches replace the learned ones where the servers report; a prompt some
+        // server reports holding part of is not cold, so the rendezvous prior is off.
+        let mut reported_hit = false;
+        if let Some(precise) = &self.precise {
+            let reported = index.precise.matches(
+                precise,
+                request.model,
+                request.prompt,
+                addresses(),
+                request.now_ms,
+            );
+            for (m, r) in matches.iter_mut().zip(reported) {
+                if let Some(r) = r {
+                    reported_hit |= r.matched > 0;
+                    *m = r;
+                }
+            }
+        }
         let prior_blocks = usize::try_from(p.rendezvous_blocks).unwrap_or(usize::MAX);
         let choices = usize::try_from(p.rendezvous_choices).unwrap_or(1);
-        let prior = rendezvous::promote(prior_blocks, choices, &hashes, &matches, addresses());
+        let prior = if reported_hit {
+            Vec::new()
+        } else {
+            rendezvous::promote(prior_blocks, choices, &hashes, &matches, addresses())
+        };
         (hashes, matches, bs, prior)
     }
 

@@ -27,6 +27,10 @@ Engine:
   --max-model-len N                 context window in tokens [4096]
   --max-num-batched-tokens N        token budget per step (chunked prefill) [8192]
   --block-size N                    tokens per KV block [16]
+  --kv-events-config JSON           vLLM's KV events over ZMQ (vLLM's KVEventsConfig:
+                                    enable_kv_cache_events, publisher, endpoint,
+                                    replay_endpoint, buffer_steps, topic; port 0:
+                                    ephemeral, printed at start)
   --num-gpu-blocks N                KV capacity in blocks (alias --kv-cache-size) [4096]
   --max-loras N                     distinct LoRA adapters per batch [1]
   --lora-modules NAME=PATH[,...]    adapters loaded at start (also JSON {\"name\",\"path\"})
@@ -146,6 +150,7 @@ where
             "num-gpu-blocks" | "kv-cache-size" => config.engine.num_gpu_blocks = int(&v)?,
             "max-loras" => config.engine.max_loras = int(&v)?,
             "lora-modules" => config.lora_modules.extend(parse_lora_modules(&v)?),
+            "kv-events-config" => config.kv_events = crate::kv_events::KvEventsConfig::parse(&v)?,
             "seed" => {
                 config.engine.seed = v
                     .trim()

@@ -30,6 +30,7 @@ pub mod api;
 pub mod cli;
 pub mod engine;
 pub mod failures;
+pub mod kv_events;
 pub mod metrics;
 pub mod rng;
 pub mod server;

@@ -38,6 +38,12 @@ fn main() {
             for addr in server.addrs() {
                 let _ = writeln!(out, "vllm-sim listening on http://{addr}");
             }
+            for kv in server.kv_event_addrs() {
+                let _ = writeln!(out, "vllm-sim kv events on {}", kv.events);
+                if let Some(replay) = &kv.replay {
+                    let _ = writeln!(out, "vllm-sim kv events replay on {replay}");
+                }
+            }
             let _ = out.flush();
         }
         wait_for_signal().await;

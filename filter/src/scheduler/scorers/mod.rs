@@ -8,6 +8,7 @@
 //! | `token-load-scorer` | [`token_load`] | `1 − min(load, T)/T`, load ≤ 0 → 1 |
 //! | `lora-affinity-scorer` | [`lora_affinity`] | 1 / 0.8 / 0.6 / 0 |
 //! | `prefix-cache-scorer` | [`prefix_cache`] | `matchedBlocks / totalBlocks` |
+//! | `precise-prefix-cache-scorer` | [`precise_prefix_cache`] | same, blocks the servers report (KV events via `kv-relay`), approximate for stale servers |
 //! | `session-affinity-scorer` | [`session_affinity`] | 1 for the session's endpoint, else 0 |
 //! | `no-hit-lru-scorer` | [`no_hit_lru`] | cold requests spread to never/least recently used |
 //! | `latency-scorer` (`slo-scorer`) | [`latency`] | predicted headroom tiers; composite before the predictor is ready |
@@ -16,6 +17,7 @@ pub mod kv_cache;
 pub mod latency;
 pub mod lora_affinity;
 pub mod no_hit_lru;
+pub mod precise_prefix_cache;
 pub mod prefix_cache;
 pub mod queue;
 pub mod running_requests;

@@ -32,6 +32,9 @@ pub struct Step {
     pub ends_at: Duration,
     pub work: StepWork,
     pub events: Vec<Event>,
+    /// The KV-cache changes of this step (empty unless events are on:
+    /// [`Engine::enable_kv_events`](super::Engine::enable_kv_events)), in order.
+    pub kv_events: Vec<super::kv_cache::KvEvent>,
 }
 
 /// A request inside the engine.
@@ -132,8 +135,18 @@ impl Seq {
     fn promote_blocks(&mut self, kv: &mut KvCache) {
         let computed_blocks =
             (self.computed.min(self.prefill_end) / kv.block_size()).min(self.hashes.len());
+        let block_size = kv.block_size();
         while self.shared < computed_blocks && self.private > 0 {
-            kv.promote(self.hashes[self.shared]);
+            let i = self.shared;
+            let (hashes, tokens, lora) = (&self.hashes, &self.tokens, &self.lora);
+            kv.promote(hashes[i], || {
+                let parent = i.checked_sub(1).and_then(|p| hashes.get(p)).copied();
+                let block = tokens
+                    .get(i * block_size..(i + 1) * block_size)
+                    .unwrap_or_default()
+                    .to_vec();
+                (parent, block, lora.clone())
+            });
             self.shared += 1;
             self.private -= 1;
         }
@@ -305,6 +318,7 @@ impl Engine {
             ends_at,
             work,
             events,
+            kv_events: self.kv.take_events(),
         })
     }
 

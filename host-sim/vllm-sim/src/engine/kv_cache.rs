@@ -11,6 +11,9 @@
 //!   are "private": counted, pinned, never matched.
 //! * Usage = pinned blocks / capacity (unused cached blocks do not count), as
 //!   in vLLM and llm-d-inference-sim.
+//! * With events on ([`KvCache::record_events`]), every block that becomes cached
+//!   and every eviction is recorded as a [`KvEvent`], as vLLM's block pool does for
+//!   its KV-event publisher; the engine hands them out per step.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
@@ -20,6 +23,26 @@ struct Block {
     refs: u32,
     /// Position in the LRU order while `refs == 0`.
     tick: u64,
+}
+
+/// A change of the set of cached blocks, in vLLM's terms (`BlockStored`,
+/// `BlockRemoved`, `AllBlocksCleared`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    /// A full block became cached (shareable).
+    Stored {
+        hash: u64,
+        /// The previous block of the same prefix; `None` for a first block.
+        parent: Option<u64>,
+        /// The block's `block_size` token ids.
+        tokens: Vec<u32>,
+        /// The LoRA adapter the block was computed with.
+        lora: Option<String>,
+    },
+    /// A cached block was evicted.
+    Removed { hash: u64 },
+    /// Every cached block not in use was dropped (prefix-cache reset).
+    Cleared,
 }
 
 #[derive(Debug)]
@@ -33,6 +56,8 @@ pub struct KvCache {
     private: usize,
     tick: u64,
     evictions: u64,
+    /// Recorded events, when on; drained by [`KvCache::take_events`].
+    events: Option<Vec<KvEvent>>,
 }
 
 impl KvCache {
@@ -46,7 +71,36 @@ impl KvCache {
             private: 0,
             tick: 0,
             evictions: 0,
+            events: None,
         }
+    }
+
+    /// Starts recording [`KvEvent`]s.
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The events recorded since the last call (empty when not recording).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn record(&mut self, event: KvEvent) {
+        if let Some(events) = self.events.as_mut() {
+            events.push(event);
+        }
+    }
+
+    /// Drops every cached block no request uses (vLLM's `reset_prefix_cache`, which
+    /// vLLM only allows when no block is in use; here pinned blocks stay). Returns the
+    /// number of blocks dropped; records `Cleared` when events are on.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        let dropped = self.lru.len();
+        for (_, hash) in std::mem::take(&mut self.lru) {
+            self.cached.remove(&hash);
+        }
+        self.record(KvEvent::Cleared);
+        dropped
     }
 
     pub fn block_size(&self) -> usize {
@@ -169,6 +223,7 @@ impl KvCache {
             };
             self.cached.remove(&hash);
             self.evictions += 1;
+            self.record(KvEvent::Removed { hash });
         }
         self.private += n;
         true
@@ -182,13 +237,28 @@ impl KvCache {
     /// Turns one private block, now fully computed, into the shareable cached
     /// block `hash` (pinned by its owner). If another request already cached
     /// the same block, the owner pins that one and the private block is freed.
-    pub fn promote(&mut self, hash: u64) {
+    /// `stored` describes the block for a `Stored` event (parent hash, tokens,
+    /// LoRA); it is only called when events are on and the block is new.
+    pub fn promote(
+        &mut self,
+        hash: u64,
+        stored: impl FnOnce() -> (Option<u64>, Vec<u32>, Option<String>),
+    ) {
         self.release(1);
         match self.cached.entry(hash) {
             Entry::Occupied(_) => self.pin(&[hash]),
             Entry::Vacant(slot) => {
                 slot.insert(Block { refs: 1, tick: 0 });
                 self.pinned_cached += 1;
+                if self.events.is_some() {
+                    let (parent, tokens, lora) = stored();
+                    self.record(KvEvent::Stored {
+                        hash,
+                        parent,
+                        tokens,
+                        lora,
+                    });
+                }
             }
         }
     }
@@ -218,7 +288,7 @@ mod tests {
 
         assert!(kv.allocate(2));
         for h in &a {
-            kv.promote(*h);
+            kv.promote(*h, || (None, Vec::new(), None));
         }
         assert_eq!(kv.pinned(), 2);
         assert_eq!(kv.lookup(&a), 2);
@@ -230,7 +300,7 @@ mod tests {
         // Filling the cache with other blocks evicts `a`'s tail block first.
         assert!(kv.allocate(2));
         for h in &b {
-            kv.promote(*h);
+            kv.promote(*h, || (None, Vec::new(), None));
         }
         assert!(kv.allocate(1));
         assert_eq!(kv.evictions(), 0);
@@ -261,13 +331,59 @@ mod tests {
         let a = kv.block_hashes(1, &[1, 2]);
         assert!(kv.allocate(1));
         assert!(kv.allocate(1));
-        kv.promote(a[0]);
-        kv.promote(a[0]);
+        kv.promote(a[0], || (None, Vec::new(), None));
+        kv.promote(a[0], || (None, Vec::new(), None));
         assert_eq!(kv.pinned(), 1);
         kv.unpin(&a);
         assert_eq!(kv.pinned(), 1);
         kv.unpin(&a);
         assert_eq!(kv.pinned(), 0);
         assert_eq!(kv.unused_cached(), 1);
+    }
+
+    #[test]
+    fn events_report_stores_evictions_and_resets() {
+        let mut kv = KvCache::new(2, 2);
+        kv.record_events();
+        let a = kv.block_hashes(1, &[1, 2, 3, 4]);
+        assert!(kv.allocate(2));
+        kv.promote(a[0], || (None, vec![1, 2], None));
+        kv.promote(a[1], || (Some(a[0]), vec![3, 4], Some("lora".into())));
+        assert_eq!(
+            kv.take_events(),
+            vec![
+                KvEvent::Stored {
+                    hash: a[0],
+                    parent: None,
+                    tokens: vec![1, 2],
+                    lora: None
+                },
+                KvEvent::Stored {
+                    hash: a[1],
+                    parent: Some(a[0]),
+                    tokens: vec![3, 4],
+                    lora: Some("lora".into())
+                },
+            ]
+        );
+        assert!(kv.take_events().is_empty(), "drained");
+        // A second request caching the same block is no new event.
+        assert!(kv.allocate(0));
+        kv.unpin(&a);
+        // Needing one block evicts the tail block (unused longest).
+        assert!(kv.allocate(1));
+        assert_eq!(kv.take_events(), vec![KvEvent::Removed { hash: a[1] }]);
+        kv.release(1);
+        assert_eq!(kv.reset_prefix_cache(), 1);
+        assert_eq!(kv.take_events(), vec![KvEvent::Cleared]);
+        assert_eq!(kv.lookup(&a), 0);
+    }
+
+    #[test]
+    fn no_events_unless_recording() {
+        let mut kv = KvCache::new(1, 1);
+        assert!(kv.allocate(1));
+        kv.promote(7, || unreachable!("not recording"));
+        assert!(kv.take_events().is_empty());
     }
 }

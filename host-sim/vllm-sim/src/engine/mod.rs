@@ -131,6 +131,25 @@ impl Engine {
         &self.config
     }
 
+    /// Records KV-cache events from now on; each [`Step`] carries those of its step
+    /// (what vLLM publishes with `--kv-events-config`).
+    pub fn enable_kv_events(&mut self) {
+        self.kv.record_events();
+    }
+
+    /// Drops every cached block no request uses (vLLM's `POST /reset_prefix_cache`);
+    /// the `AllBlocksCleared` event goes out with the next step, or from
+    /// [`take_kv_events`](Self::take_kv_events). Returns the blocks dropped.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        self.dirty = true;
+        self.kv.reset_prefix_cache()
+    }
+
+    /// KV events recorded since the last step (those not yet handed out with one).
+    pub fn take_kv_events(&mut self) -> Vec<kv_cache::KvEvent> {
+        self.kv.take_events()
+    }
+
     /// Changes the latency model (takes effect at the next step).
     pub fn set_latency(&mut self, latency: LatencyProfile) {
         self.config.latency = latency;

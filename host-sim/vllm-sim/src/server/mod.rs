@@ -56,6 +56,8 @@ pub struct ServerConfig {
     pub metrics: MetricsOptions,
     pub lora_modules: Vec<LoraModule>,
     pub max_request_body_bytes: usize,
+    /// `--kv-events-config` (events on); `None`: no KV events.
+    pub kv_events: Option<crate::kv_events::KvEventsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -72,6 +74,7 @@ impl Default for ServerConfig {
             metrics: MetricsOptions::default(),
             lora_modules: Vec::new(),
             max_request_body_bytes: 4 << 20,
+            kv_events: None,
         }
     }
 }
@@ -79,6 +82,7 @@ impl Default for ServerConfig {
 /// A running server; dropping it stops every rank.
 pub struct Server {
     ranks: Vec<(SocketAddr, String)>,
+    kv_events: Vec<crate::kv_events::PublisherAddrs>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -91,6 +95,12 @@ impl Server {
     /// `x-sim-server` names, one per rank.
     pub fn names(&self) -> Vec<String> {
         self.ranks.iter().map(|(_, n)| n.clone()).collect()
+    }
+
+    /// The KV-event publishers' endpoints, one per rank (empty without
+    /// `--kv-events-config`).
+    pub fn kv_event_addrs(&self) -> &[crate::kv_events::PublisherAddrs] {
+        &self.kv_events
     }
 
     /// Stops every rank.
@@ -112,6 +122,7 @@ pub async fn start(config: ServerConfig) -> io::Result<Server> {
     let ranks = config.data_parallel_size.max(1);
     let mut server = Server {
         ranks: Vec::new(),
+        kv_events: Vec::new(),
         tasks: Vec::new(),
     };
     for index in 0..ranks {
@@ -130,7 +141,15 @@ pub async fn start(config: ServerConfig) -> io::Result<Server> {
             (Some(n), _) => format!("{n}-{index}"),
             (None, _) => addr.to_string(),
         };
-        let rank = Arc::new(Rank::new(&config, index, addr, name.clone())?);
+        let mut rank = Rank::new(&config, index, addr, name.clone())?;
+        if let Some(kv) = &config.kv_events {
+            let publisher =
+                crate::kv_events::Publisher::start(kv, index, config.engine.block_size).await?;
+            lock(&rank.core).engine.enable_kv_events();
+            server.kv_events.push(publisher.addrs().clone());
+            rank.kv_events = Some(publisher);
+        }
+        let rank = Arc::new(rank);
         server.tasks.push(tokio::spawn(engine_loop(rank.clone())));
         server.tasks.push(tokio::spawn(accept_loop(listener, rank)));
         server.ranks.push((addr, name));
@@ -177,6 +196,8 @@ pub(crate) struct Rank {
     conversations: Mutex<Conversations>,
     /// Pieces seen by `/tokenize`, for `/detokenize`.
     vocabulary: Mutex<Vocabulary>,
+    /// The KV-event publisher (`--kv-events-config`).
+    kv_events: Option<crate::kv_events::Publisher>,
 }
 
 impl Rank {
@@ -232,7 +253,22 @@ impl Rank {
                 CONVERSATIONS_KEPT,
             )),
             vocabulary: Mutex::new(Vocabulary::default()),
+            kv_events: None,
         })
+    }
+
+    /// `POST /reset_prefix_cache`: drops the unused cached blocks and publishes
+    /// `AllBlocksCleared` at once. Returns the blocks dropped.
+    pub(crate) fn reset_prefix_cache(&self) -> usize {
+        let (dropped, events) = {
+            let mut core = lock(&self.core);
+            let dropped = core.engine.reset_prefix_cache();
+            (dropped, core.engine.take_kv_events())
+        };
+        if let Some(publisher) = &self.kv_events {
+            publisher.publish(events);
+        }
+        dropped
     }
 
     fn is_ready(&self) -> bool {
@@ -328,6 +364,11 @@ async fn engine_loop(rank: Arc<Rank>) {
                     let deadline =
                         tokio::time::Instant::from_std(rank.clock.instant_at(step.ends_at));
                     tokio::time::sleep_until(deadline).await;
+                }
+                // The step's cache changes go out before its tokens, as vLLM publishes
+                // them from the step that made them.
+                if let Some(publisher) = &rank.kv_events {
+                    publisher.publish(step.kv_events);
                 }
                 deliver(&rank, step.events);
                 tokio::task::yield_now().await;

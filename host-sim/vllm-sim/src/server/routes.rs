@@ -83,6 +83,10 @@ async fn route(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, ApiErro
             apis::audio(rank, AudioApi::Translation, req).await
         }
         (&Method::GET, "/v1/models") => Ok(json_response(200, models(rank).to_string())),
+        (&Method::POST, "/reset_prefix_cache") => {
+            rank.reset_prefix_cache();
+            Ok(plain(200, ""))
+        }
         (&Method::GET, "/health") => Ok(plain(200, "")),
         (&Method::GET, "/health/ready") if rank.is_ready() => Ok(plain(200, "")),
         (&Method::GET, "/health/ready") => Err(ApiError::not_ready()),
@@ -109,6 +113,7 @@ async fn route(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, ApiErro
             | "/v1/audio/transcriptions"
             | "/v1/audio/translations"
             | "/v1/models"
+            | "/reset_prefix_cache"
             | "/health"
             | "/health/ready"
             | "/metrics"

@@ -1,0 +1,424 @@
+//! Precise prefix-cache state: which blocks each model server actually holds, as
+//! reported by its KV-cache events through `kv-relay`, and the match of a prompt against
+//! it (`precise-prefix-cache-scorer`).
+//!
+//! * Keys: the relay re-keys every block vLLM reports from its token ids:
+//!   `root = xxh64(model)`, `key_i = xxh64(LE_u32 tokens of block i ‖ LE_u64(key_{i-1}))`
+//!   per `blockSize` tokens. [`keys`] computes the same for a prompt's token ids
+//!   ([`super::sim_tokens`] for vllm-sim), so vLLM's block-hash algorithm never matters.
+//! * State: per endpoint address, the keys held, the block size, and whether the relay
+//!   marks the stream stale. Updated from the relay's `GET /v1/kv/state` answers (a
+//!   snapshot, or the changes since the version this VM holds); bounded per server and
+//!   in servers.
+//! * Fallback: an endpoint the relay does not know, or marks stale, or a relay not heard
+//!   for `staleAfterMs`, has no precise match: the approximate index answers for it.
+
+use crate::config::validate::err;
+use crate::config::{ConfigError, Params};
+use hashbrown::{HashMap, HashSet};
+use serde_json::Value;
+use xxhash_rust::xxh64::xxh64;
+
+use super::index::PrefixMatch;
+
+/// The plugin's type name.
+pub const TYPE: &str = "precise-prefix-cache-scorer";
+
+/// Its parameters.
+pub const PARAMETERS: &[&str] = &[
+    "relayCluster",
+    "relayAuthority",
+    "relayPath",
+    "pollIntervalMs",
+    "timeoutMs",
+    "staleAfterMs",
+    "maxBlocksPerServer",
+    "maxServers",
+    "maxPrefixBlocksToMatch",
+    "tokenizer",
+    // The reference's (llm-d) parameters, refused with a pointer to what replaces them.
+    "kvEventsConfig",
+    "indexerConfig",
+    "tokenProcessorConfig",
+];
+
+/// Default `relayCluster`.
+pub const DEFAULT_RELAY_CLUSTER: &str = "kv-relay";
+
+/// The tokenizers the filter can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tokenizer {
+    /// vllm-sim's 4-character pieces and chat template ([`super::sim_tokens`]).
+    VllmSim,
+}
+
+/// `precise-prefix-cache-scorer`'s parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreciseConfig {
+    /// The Envoy cluster of the relay.
+    pub relay_cluster: String,
+    /// `:authority` of the calls (default: the cluster name).
+    pub relay_authority: String,
+    /// Path of the state resource.
+    pub relay_path: String,
+    /// How often each VM asks for changes.
+    pub poll_interval_ms: u64,
+    /// Callout timeout.
+    pub timeout_ms: u64,
+    /// A relay not heard for this long makes every server fall back.
+    pub stale_after_ms: u64,
+    /// Keys kept per server (more are ignored, counted in the log).
+    pub max_blocks_per_server: usize,
+    /// Servers kept.
+    pub max_servers: usize,
+    /// Blocks of a prompt matched at most.
+    pub max_prefix_blocks: usize,
+    pub tokenizer: Tokenizer,
+}
+
+impl PreciseConfig {
+    /// Reads the parameters; errors name the field.
+    pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        let p = Params::new(Some(v), path, PARAMETERS)?;
+        for (name, why) in [
+            ("kvEventsConfig", "the ZMQ subscription runs in kv-relay (its --server flags); set relayCluster to the relay's cluster"),
+            ("indexerConfig", "the block index lives in kv-relay; set relayCluster (and maxBlocksPerServer here)"),
+            ("tokenProcessorConfig", "block keys follow the servers' own block size (kv-relay re-keys vLLM's blocks by token ids); remove it"),
+        ] {
+            if p.get(name).is_some() {
+                return Err(err(&p.path(name), why));
+            }
+        }
+        let relay_cluster = p.string("relayCluster", DEFAULT_RELAY_CLUSTER)?;
+        if relay_cluster.is_empty() {
+            return Err(err(
+                &p.path("relayCluster"),
+                "must name the Envoy cluster of kv-relay, which follows the servers' KV events",
+            ));
+        }
+        let tokenizer = match p.string("tokenizer", "vllm-sim")?.as_str() {
+            "vllm-sim" => Tokenizer::VllmSim,
+            other => {
+                return Err(err(
+                    &p.path("tokenizer"),
+                    format!("\"{other}\" is not available in the filter (only \"vllm-sim\"; a model's own tokenizer is not supported yet)"),
+                ))
+            }
+        };
+        let count = |name: &str, default: i64| -> Result<u64, ConfigError> {
+            Ok(p.positive(name, default)?.unsigned_abs())
+        };
+        Ok(PreciseConfig {
+            relay_authority: p.string("relayAuthority", &relay_cluster)?,
+            relay_cluster,
+            relay_path: p.string("relayPath", "/v1/kv/state")?,
+            poll_interval_ms: count("pollIntervalMs", 200)?,
+            timeout_ms: count("timeoutMs", 1_000)?,
+            stale_after_ms: count("staleAfterMs", 5_000)?,
+            max_blocks_per_server: usize::try_from(count("maxBlocksPerServer", 1_000_000)?)
+                .unwrap_or(usize::MAX),
+            max_servers: usize::try_from(count("maxServers", 1_024)?).unwrap_or(usize::MAX),
+            max_prefix_blocks: usize::try_from(count("maxPrefixBlocksToMatch", 256)?)
+                .unwrap_or(usize::MAX),
+            tokenizer,
+        })
+    }
+
+    /// A chat conversation rendered by the servers' chat template.
+    pub fn render_chat<'a>(&self, messages: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+        match self.tokenizer {
+            Tokenizer::VllmSim => super::sim_tokens::chat_template(messages),
+        }
+    }
+
+    /// Token ids of a prompt as the servers tokenize it (the prompt already rendered by
+    /// the servers' chat template for chat requests).
+    pub fn tokens(&self, prompt: &str, max: usize) -> Vec<u32> {
+        match self.tokenizer {
+            Tokenizer::VllmSim => super::sim_tokens::encode(prompt, max),
+        }
+    }
+}
+
+/// The chain root of `model`.
+pub fn root(model: &str) -> u64 {
+    xxh64(model.as_bytes(), 0)
+}
+
+/// The block keys of `tokens` (full blocks of `block_size`, at most `max_blocks`).
+pub fn keys(model: &str, tokens: &[u32], block_size: usize, max_blocks: usize) -> Vec<u64> {
+    if block_size == 0 {
+        return Vec::new();
+    }
+    let mut prev = root(model);
+    let mut buf = Vec::with_capacity(block_size * 4 + 8);
+    tokens
+        .chunks_exact(block_size)
+        .take(max_blocks)
+        .map(|block| {
+            buf.clear();
+            for t in block {
+                buf.extend_from_slice(&t.to_le_bytes());
+            }
+            buf.extend_from_slice(&prev.to_le_bytes());
+            prev = xxh64(&buf, 0);
+            prev
+        })
+        .collect()
+}
+
+/// One server as the relay reports it.
+#[derive(Debug, Default, Clone)]
+pub struct ServerBlocks {
+    pub block_size: u32,
+    pub stale: bool,
+    pub keys: HashSet<u64>,
+}
+
+/// This VM's copy of the relay's state.
+#[derive(Debug, Default)]
+pub struct PreciseState {
+    epoch: u64,
+    version: u64,
+    servers: HashMap<String, ServerBlocks>,
+    /// When the relay last answered (ms; 0: never).
+    pub heard_ms: i64,
+    /// Keys not kept because a server was over `maxBlocksPerServer`, or servers over
+    /// `maxServers`.
+    pub overflow: u64,
+}
+
+impl PreciseState {
+    /// The query asking for the changes since what this VM holds (empty: a snapshot).
+    pub fn query(&self) -> String {
+        if self.heard_ms == 0 {
+            String::new()
+        } else {
+            format!("?epoch={}&since={}", self.epoch, self.version)
+        }
+    }
+
+    /// Applies one answer of the relay at `now_ms`. A malformed answer changes nothing.
+    pub fn apply(&mut self, body: &[u8], now_ms: i64, cfg: &PreciseConfig) -> Result<(), String> {
+        let v: Value = serde_json::from_slice(body).map_err(|e| format!("relay answer: {e}"))?;
+        let num = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_u64)
+                .ok_or(format!("relay answer: no {k}"))
+        };
+        let (epoch, version) = (num("epoch")?, num("version")?);
+        let full = v.get("full").and_then(Value::as_bool).unwrap_or(true);
+        let servers = v
+            .get("servers")
+            .and_then(Value::as_array)
+            .ok_or("relay answer: no servers")?;
+        if full {
+            self.servers.clear();
+        } else if epoch != self.epoch {
+            return Err("relay answer: deltas of another relay run".into());
+        }
+        for s in servers {
+            let Some(endpoint) = s.get("endpoint").and_then(Value::as_str) else {
+                continue;
+            };
+            if !self.servers.contains_key(endpoint) && self.servers.len() >= cfg.max_servers {
+                self.overflow += 1;
+                continue;
+            }
+            let entry = self.servers.entry_ref(endpoint).or_default();
+            entry.block_size = s
+                .get("blockSize")
+                .and_then(Value::as_u64)
+                .and_then(|b| u32::try_from(b).ok())
+                .unwrap_or(0);
+            entry.stale = s.get("stale").and_then(Value::as_bool).unwrap_or(true);
+            if s.get("clear").and_then(Value::as_bool).unwrap_or(false) {
+                entry.keys.clear();
+            }
+            let ints = |k: &str| {
+                s.get(k)
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_u64)
+            };
+            for k in ints("remove") {
+                entry.keys.remove(&k);
+            }
+            for k in ints("add") {
+                if entry.keys.len() >= cfg.max_blocks_per_server {
+                    self.overflow += 1;
+                    continue;
+                }
+                entry.keys.insert(k);
+            }
+        }
+        self.epoch = epoch;
+        self.version = version;
+        self.heard_ms = now_ms;
+        Ok(())
+    }
+
+    /// The server at `address`, when its state can be trusted at `now_ms`.
+    fn fresh(&self, address: &str, now_ms: i64, cfg: &PreciseConfig) -> Option<&ServerBlocks> {
+        let relay_live = self.heard_ms > 0
+            && now_ms.saturating_sub(self.heard_ms)
+                <= i64::try_from(cfg.stale_after_ms).unwrap_or(i64::MAX);
+        let s = self.servers.get(address)?;
+        (relay_live && !s.stale && s.block_size > 0).then_some(s)
+    }
+
+    /// Per candidate address: the prompt's leading blocks the server holds, or `None`
+    /// when its state is unknown or stale (the approximate index answers instead).
+    pub fn matches<'a>(
+        &self,
+        cfg: &PreciseConfig,
+        model: &str,
+        prompt: &str,
+        candidates: impl Iterator<Item = &'a str>,
+        now_ms: i64,
+    ) -> Vec<Option<PrefixMatch>> {
+        let candidates: Vec<&str> = candidates.collect();
+        let servers: Vec<Option<&ServerBlocks>> = candidates
+            .iter()
+            .map(|a| self.fresh(a, now_ms, cfg))
+            .collect();
+        let Some(largest) = servers.iter().flatten().map(|s| s.block_size).max() else {
+            return vec![None; candidates.len()];
+        };
+        let max_tokens = cfg
+            .max_prefix_blocks
+            .saturating_mul(usize::try_from(largest).unwrap_or(usize::MAX));
+        let tokens = cfg.tokens(prompt, max_tokens);
+        // Keys per block size (servers of one pool normally share it).
+        let mut sizes: Vec<u32> = servers.iter().flatten().map(|s| s.block_size).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let by_size: Vec<(u32, Vec<u64>)> = sizes
+            .into_iter()
+            .map(|b| (b, keys(model, &tokens, b as usize, cfg.max_prefix_blocks)))
+            .collect();
+        servers
+            .iter()
+            .map(|s| {
+                let s = (*s)?;
+                let (_, keys) = by_size.iter().find(|(b, _)| *b == s.block_size)?;
+                let matched = keys.iter().take_while(|k| s.keys.contains(*k)).count();
+                Some(PrefixMatch {
+                    matched: u32::try_from(matched).unwrap_or(u32::MAX),
+                    total: u32::try_from(keys.len()).unwrap_or(u32::MAX),
+                    block_size_tokens: s.block_size,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    fn cfg() -> PreciseConfig {
+        PreciseConfig::from_parameters(&Value::Null, "p").unwrap()
+    }
+
+    /// The same vector as kv-relay's `keys::tests::known_vector`: both sides must agree.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn keys_match_the_relay() {
+        let k = keys("m", &[1, 2, 3, 4, 5], 2, 256);
+        assert_eq!(root("m"), 0xba2e_5670_83a2_b2e8);
+        assert_eq!(k, vec![0x9f0d_d706_89ab_42c5, 0xbbe7_97d4_0b78_4970]);
+        assert_eq!(keys("m", &[1, 2, 3, 4], 2, 1).len(), 1);
+        assert!(keys("m", &[1, 2, 3], 0, 9).is_empty());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn config_errors_name_the_field() {
+        let e = |v: Value| {
+            PreciseConfig::from_parameters(&v, "plugins[0].parameters")
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(e(json!({"relayCluster": ""})).contains("plugins[0].parameters.relayCluster"));
+        assert!(e(json!({"relayCluster": "r", "tokenizer": "hf"})).contains("tokenizer"));
+        assert!(e(json!({"relayCluster": "r", "kvEventsConfig": {}})).contains("kv-relay"));
+        assert!(e(json!({"relayCluster": "r", "pollIntervalMs": 0})).contains("pollIntervalMs"));
+        let c = cfg();
+        assert_eq!(c.relay_authority, "kv-relay");
+        assert_eq!(c.poll_interval_ms, 200);
+    }
+
+    fn prompt_keys(prompt: &str, bs: usize) -> Vec<u64> {
+        keys(
+            "m",
+            &super::super::sim_tokens::encode(prompt, usize::MAX),
+            bs,
+            256,
+        )
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn snapshot_then_deltas_then_matching_with_fallback() {
+        let c = cfg();
+        let prompt = "abcd".repeat(40); // 40 tokens: 2 full blocks of 16
+        let k = prompt_keys(&prompt, 16);
+        assert_eq!(k.len(), 2);
+        let mut s = PreciseState::default();
+        assert_eq!(s.query(), "");
+        let snap = json!({"epoch": 5, "version": 10, "full": true, "servers": [
+            {"endpoint": "a:1", "blockSize": 16, "stale": false, "clear": true, "add": [k[0], k[1]], "remove": []},
+            {"endpoint": "b:1", "blockSize": 16, "stale": false, "clear": true, "add": [k[0]], "remove": []},
+            {"endpoint": "c:1", "blockSize": 16, "stale": true, "clear": true, "add": [k[0], k[1]], "remove": []},
+        ]});
+        s.apply(snap.to_string().as_bytes(), 1_000, &c).unwrap();
+        assert_eq!(s.query(), "?epoch=5&since=10");
+        let m = s.matches(
+            &c,
+            "m",
+            &prompt,
+            ["a:1", "b:1", "c:1", "d:1"].into_iter(),
+            1_100,
+        );
+        assert_eq!(m[0].map(|m| (m.matched, m.total)), Some((2, 2)));
+        assert_eq!(m[1].map(|m| m.matched), Some(1));
+        assert_eq!(m[2], None, "stale: fall back");
+        assert_eq!(m[3], None, "unknown: fall back");
+        // A reported eviction stops the credit.
+        let delta = json!({"epoch": 5, "version": 11, "full": false, "servers": [
+            {"endpoint": "a:1", "blockSize": 16, "stale": false, "add": [], "remove": [k[0]]},
+        ]});
+        s.apply(delta.to_string().as_bytes(), 1_200, &c).unwrap();
+        let m = s.matches(&c, "m", &prompt, ["a:1", "b:1"].into_iter(), 1_200);
+        assert_eq!(
+            m[0].map(|m| m.matched),
+            Some(0),
+            "the chain breaks at the first block"
+        );
+        assert_eq!(m[1].map(|m| m.matched), Some(1));
+        // A relay silent for longer than staleAfterMs: everyone falls back.
+        let m = s.matches(&c, "m", &prompt, ["b:1"].into_iter(), 1_200 + 5_001);
+        assert_eq!(m, vec![None]);
+        // Deltas of another relay run are refused; garbage changes nothing.
+        let other = json!({"epoch": 6, "version": 1, "full": false, "servers": []});
+        assert!(s.apply(other.to_string().as_bytes(), 1_300, &c).is_err());
+        assert!(s.apply(b"not json", 1_300, &c).is_err());
+        assert_eq!(s.query(), "?epoch=5&since=11");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn bounded_in_blocks_and_servers() {
+        let mut c = cfg();
+        c.max_blocks_per_server = 2;
+        c.max_servers = 1;
+        let mut s = PreciseState::default();
+        let snap = json!({"epoch": 1, "version": 1, "full": true, "servers": [
+            {"endpoint": "a:1", "blockSize": 16, "stale": false, "add": [1, 2, 3]},
+            {"endpoint": "b:1", "blockSize": 16, "stale": false, "add": [1]},
+        ]});
+        s.apply(snap.to_string().as_bytes(), 1, &c).unwrap();
+        assert_eq!(s.overflow, 2);
+        assert_eq!(s.servers.len(), 1);
+    }
+}

@@ -1,0 +1,61 @@
+//! `kv-relay`: follows vLLM's KV-cache events and serves each server's cached blocks
+//! to the gateway filter (which cannot open a ZMQ socket) over plain HTTP.
+//!
+//! * [`wire`] — decoding vLLM's msgpack event batches and frames;
+//! * [`keys`] — the relay's own block keys from token ids (the filter computes the same);
+//! * [`state`] — per-server blocks, the change log, deltas and snapshots;
+//! * [`subscriber`] — one server's stream: sequence gaps, replay, liveness;
+//! * [`http`] — `GET /v1/kv/state`, `/metrics`, `/health`;
+//! * [`cli`] — flags.
+
+pub mod cli;
+pub mod http;
+pub mod keys;
+pub mod state;
+pub mod subscriber;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use tokio::task::JoinHandle;
+
+/// A running relay; dropping it stops it.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub state: Arc<Mutex<state::Relay>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts the relay (inside a tokio runtime): one task per source, and the HTTP server.
+pub async fn start(config: cli::Config) -> std::io::Result<Running> {
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let addr = listener.local_addr()?;
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    let state = Arc::new(Mutex::new(state::Relay::new(
+        epoch,
+        config.max_blocks,
+        config.log_capacity,
+    )));
+    let mut tasks = Vec::new();
+    for source in config.sources {
+        let index = subscriber::lock(&state).add_server(&source.endpoint, &source.model);
+        tasks.push(tokio::spawn(subscriber::run(
+            index,
+            source,
+            state.clone(),
+            config.liveness,
+        )));
+    }
+    tasks.push(tokio::spawn(http::serve(listener, state.clone())));
+    Ok(Running { addr, state, tasks })
+}
