@@ -41,21 +41,18 @@ pub extern "C" fn proxy_on_context_create(context_id: u32, parent_context_id: u3
 
 #[no_mangle]
 pub extern "C" fn proxy_on_configure(root_id: u32, configuration_size: usize) -> u32 {
-    let ok = contexts::with_root(root_id, |root| root.on_configure(configuration_size));
+    let ok = on_root(root_id, |root| root.on_configure(configuration_size));
     u32::from(ok.unwrap_or(false))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_tick(root_id: u32) {
-    contexts::with_root(root_id, |root| root.on_tick());
-    if host::take_done() {
-        contexts::remove_root(root_id);
-    }
+    on_root(root_id, |root| root.on_tick());
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_queue_ready(root_id: u32, queue_id: u32) {
-    contexts::with_root(root_id, |root| root.on_queue_ready(queue_id));
+    on_root(root_id, |root| root.on_queue_ready(queue_id));
 }
 
 /// Envoy delivers a callout's response to the context that sent it (and makes that
@@ -68,7 +65,7 @@ pub extern "C" fn proxy_on_http_call_response(
     body_size: usize,
     num_trailers: usize,
 ) {
-    contexts::with_root(context_id, |root| {
+    on_root(context_id, |root| {
         root.on_http_call_response(token, num_headers, body_size, num_trailers);
     });
 }
@@ -80,7 +77,7 @@ pub extern "C" fn proxy_on_done(context_id: u32) -> u32 {
     if let Some(mut http) = contexts::take_http(context_id) {
         return u32::from(http.on_done());
     }
-    match contexts::with_root(context_id, |root| root.on_done()) {
+    match on_root(context_id, |root| root.on_done()) {
         Some(false) => 0,
         Some(true) => {
             contexts::remove_root(context_id);
@@ -88,6 +85,16 @@ pub extern "C" fn proxy_on_done(context_id: u32) -> u32 {
         }
         None => 1,
     }
+}
+
+/// A callback on root context `id`; the root is forgotten when it called `proxy_done`
+/// (Envoy calls it no more). `None` when there is no such root.
+fn on_root<R>(id: u32, f: impl FnOnce(&mut dyn super::RootContext) -> R) -> Option<R> {
+    let r = contexts::with_root(id, f);
+    if host::take_done() {
+        contexts::remove_root(id);
+    }
+    r
 }
 
 #[no_mangle]
