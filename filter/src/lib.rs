@@ -8,7 +8,7 @@
 //!   and SLO headroom (`latency`), the data layer
 //!   (`datalayer`), the scheduler and its plugins (`scheduler`), one request's routing
 //!   decision (`routing`), the plugin table (`registry`) and the loader (`runtime`). It
-//!   never calls `proxy_wasm`, builds natively and is unit-tested natively and as wasm32.
+//!   never calls the host, builds natively and is unit-tested natively and as wasm32.
 //! * the **proxy** layer (`proxy/`, built only for `wasm32-wasip1`): maps Envoy's
 //!   callbacks onto the core and owns every host call. It holds no policy.
 

@@ -1,8 +1,8 @@
-//! Fallible host calls.
+//! Fallible host calls: the proxy-wasm ABI 0.2.1 imports the filter uses.
 //!
-//! The SDK's `hostcalls` wrappers `panic!` on any status they do not expect, and a panic
-//! kills the worker's VM. Every host call the filter makes goes through here instead:
-//! the raw ABI import, its status checked, an `Err(status)` returned on failure.
+//! Every host call the filter makes goes through here: the raw ABI import, its status
+//! checked, an `Err(status)` returned on failure (a panic would kill the worker's VM).
+//! The other half of the ABI, the callbacks the module exports, is in `abi/`.
 
 #![allow(clashing_extern_declarations)]
 
@@ -122,6 +122,20 @@ extern "C" {
         return_data: *mut *mut u8,
         return_size: *mut usize,
     ) -> u32;
+    fn proxy_log(level: u32, message_data: *const u8, message_size: usize) -> u32;
+    #[allow(clippy::too_many_arguments)]
+    fn proxy_http_call(
+        upstream_data: *const u8,
+        upstream_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        trailers_data: *const u8,
+        trailers_size: usize,
+        timeout_ms: u32,
+        return_token: *mut u32,
+    ) -> u32;
 }
 
 fn check(status: u32) -> Result<(), Status> {
@@ -132,8 +146,8 @@ fn check(status: u32) -> Result<(), Status> {
     }
 }
 
-/// Takes ownership of a buffer the host allocated in our memory (through the SDK's
-/// `proxy_on_memory_allocate`, which allocates a `Vec<u8>` of exactly that size).
+/// Takes ownership of a buffer the host allocated in our memory (through
+/// `proxy_on_memory_allocate`, `abi/exports.rs`, which allocates exactly that size).
 ///
 /// # Safety
 /// `data` must be null or a pointer the host returned for `size` bytes.
@@ -238,18 +252,34 @@ pub fn http_call_body(size: usize) -> Result<Vec<u8>, Status> {
     get_buffer(4, 0, size)
 }
 
-/// Sends an HTTP callout from the current (root) context; the response arrives in the
-/// root's `on_http_call_response` with the returned token. Goes through the SDK so its
-/// dispatcher knows the token (it returns `Err` for the statuses Envoy uses here).
+/// Sends an HTTP callout (GET, no body) from the current (root) context; the response
+/// arrives in that context's `on_http_call_response` with the returned token.
 pub fn http_call(cluster: &str, headers: &[(&str, &str)], timeout_ms: u64) -> Result<u32, Status> {
-    proxy_wasm::hostcalls::dispatch_http_call(
-        cluster,
-        headers.to_vec(),
-        None,
-        Vec::new(),
-        std::time::Duration::from_millis(timeout_ms),
-    )
-    .map_err(|s| s as u32)
+    let serialized = serialize_headers(headers);
+    let no_trailers = serialize_headers(&[]);
+    let mut token = 0u32;
+    // SAFETY: slices and the out-pointer are valid for the call.
+    check(unsafe {
+        proxy_http_call(
+            cluster.as_ptr(),
+            cluster.len(),
+            serialized.as_ptr(),
+            serialized.len(),
+            null(),
+            0,
+            no_trailers.as_ptr(),
+            no_trailers.len(),
+            u32::try_from(timeout_ms).unwrap_or(u32::MAX),
+            &mut token,
+        )
+    })?;
+    Ok(token)
+}
+
+/// Writes a line to Envoy's log at a proxy-wasm level (0 trace .. 5 critical).
+pub fn log(level: u32, message: &str) -> Result<(), Status> {
+    // SAFETY: the slice is valid for the call.
+    check(unsafe { proxy_log(level, message.as_ptr(), message.len()) })
 }
 
 /// The plugin configuration (the `configuration` string of the Envoy filter).
@@ -498,10 +528,24 @@ pub fn dequeue(queue_id: u32) -> Result<Option<Vec<u8>>, Status> {
     }
 }
 
-/// Tells the host a root context that returned "not done" from `on_done` is now done.
+thread_local! {
+    /// Set when [`done`] succeeded, until [`take_done`] reads it.
+    static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tells the host a root context that returned "not done" from `on_done` is now done
+/// (Envoy calls that context no more; [`take_done`] says so to the context table).
 pub fn done() -> Result<(), Status> {
     // SAFETY: no arguments.
-    check(unsafe { proxy_done() })
+    check(unsafe { proxy_done() })?;
+    DONE.with(|d| d.set(true));
+    Ok(())
+}
+
+/// Whether [`done`] succeeded since the last call (then the current root context is
+/// finished).
+pub fn take_done() -> bool {
+    DONE.with(std::cell::Cell::take)
 }
 
 /// Replaces the whole buffered request body (of `old_size` bytes) with `body`.

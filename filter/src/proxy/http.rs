@@ -8,6 +8,7 @@
 //! session token), put the client's model name back. End of stream, however it ends:
 //! release what the request held.
 
+use super::abi::{Action, Context, HttpContext};
 use super::flow::{self, Admit, RequestMeta};
 use super::route::RouteInput;
 use super::vm::{self, Running};
@@ -30,8 +31,6 @@ use crate::rng::Rng;
 use crate::runtime::Runtime;
 use crate::scheduler::handlers::slo_aware;
 use crate::scheduler::scorers::session_affinity;
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
 use std::rc::Rc;
 
 pub struct Http {
@@ -203,6 +202,7 @@ fn serve_metrics(idle_series_ms: i64) -> Action {
 }
 
 impl Context for Http {
+    /// The end of the stream however it ended (Envoy calls it right after the access log).
     fn on_done(&mut self) -> bool {
         self.release();
         true
@@ -461,9 +461,5 @@ impl HttpContext for Http {
             }
         }
         Action::Continue
-    }
-
-    fn on_log(&mut self) {
-        self.release();
     }
 }

@@ -5,7 +5,9 @@
 //! * `flow` — flow control on callbacks: admit, park, wake, expire, shut down.
 //! * `route` — send the current stream to an endpoint, or answer it.
 //! * `vm` — this VM's state shared by its contexts.
-//! * `host` — every host call, fallible (never the SDK's panicking wrappers).
+//! * `abi` — the callbacks Envoy calls (only those the filter handles are exported),
+//!   the context table, the logger: our own export layer, no SDK (see `abi/mod.rs`).
+//! * `host` — every host call, fallible.
 //! * `scrape` — the lease holder's metrics scrapes, discovery and pool gauges (root tick).
 //! * `state` — this VM's view of shared state (prefix index, snapshots, discovered endpoints).
 //! * `store`, `stats` — shared data and metrics as the core needs them.
@@ -16,6 +18,7 @@
 //! * `kv_events` — `precise-prefix-cache-scorer`: each VM polls `kv-relay` for the blocks
 //!   the servers report (root tick and callout answers).
 
+mod abi;
 mod feedback;
 mod flow;
 mod host;
@@ -30,7 +33,9 @@ mod stats;
 mod store;
 mod vm;
 
-proxy_wasm::main! {{
-    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|id| Box::new(root::Root::new(id)));
-}}
+/// The module's entry point (a WASI reactor's): Envoy calls it once per VM, before
+/// anything else.
+#[no_mangle]
+pub extern "C" fn _initialize() {
+    abi::initialize(log::LevelFilter::Info, |id| Box::new(root::Root::new(id)));
+}

@@ -3,6 +3,7 @@
 //! scrapes, discovery, pool gauges), receives messages from other VMs and the scrape
 //! callouts, and creates one [`Http`] context per request.
 
+use super::abi::{Context, ContextType, HttpContext, RootContext};
 use super::http::Http;
 use super::{flow, host, latency, scrape, stats, store::HostStore, vm};
 use crate::inflight;
@@ -10,8 +11,6 @@ use crate::metrics;
 use crate::prefix::shared::HEAD_KEY;
 use crate::runtime::{self, Runtime};
 use crate::shared_store::ensure;
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::ContextType;
 use std::rc::Rc;
 
 /// Tick period with flow control on: TTL expiry precision and the safety net for lost

@@ -331,6 +331,27 @@ struct Exports {
     http_call_response: Option<F5>,
 }
 
+impl Exports {
+    /// Whether the module exports `cb`'s function.
+    fn has(&self, cb: &Callback) -> bool {
+        match cb {
+            Callback::ContextCreate(..) => self.context_create.is_some(),
+            Callback::VmStart(..) => self.vm_start.is_some(),
+            Callback::Configure(..) => self.configure.is_some(),
+            Callback::Tick(..) => self.tick.is_some(),
+            Callback::QueueReady(..) => self.queue_ready.is_some(),
+            Callback::RequestHeaders(..) => self.request_headers.is_some(),
+            Callback::RequestBody(..) => self.request_body.is_some(),
+            Callback::ResponseHeaders(..) => self.response_headers.is_some(),
+            Callback::ResponseBody(..) => self.response_body.is_some(),
+            Callback::Log(..) => self.log.is_some(),
+            Callback::Done(..) => self.done.is_some(),
+            Callback::Delete(..) => self.delete.is_some(),
+            Callback::HttpCallResponse(..) => self.http_call_response.is_some(),
+        }
+    }
+}
+
 /// One VM instance.
 pub struct Vm {
     /// The store (holds the [`HostState`]).
@@ -388,6 +409,15 @@ impl Vm {
             draining: false,
             done_signalled: false,
         };
+        // Envoy refuses a module that names no ABI version it knows.
+        let abi_versions = [
+            "proxy_abi_version_0_2_1",
+            "proxy_abi_version_0_2_0",
+            "proxy_abi_version_0_1_0",
+        ];
+        if !module.exports().any(|e| abi_versions.contains(&e.name())) {
+            anyhow::bail!("the module exports no proxy_abi_version_* function");
+        }
         let mut store = Store::new(engine, state);
         let instance: Instance = block_on(linker.instantiate_async(&mut store, module))?;
         let memory = instance
@@ -440,7 +470,10 @@ impl Vm {
     }
 
     async fn invoke_ref(&mut self, cb: Callback) -> wasmtime::Result<i32> {
-        lock(&self.store.data().calls).call(cb.name());
+        if self.exports.has(&cb) {
+            // As Envoy, a callback the module does not export is skipped: no VM entry.
+            lock(&self.store.data().calls).call(cb.name());
+        }
         let s = &mut self.store;
         let b = |x: bool| i32::from(x);
         let i = |x: u32| x as i32;
