@@ -191,7 +191,10 @@ fn the_predictor_learns_a_mixed_pool_from_the_streams_it_sees() {
         .shared_data(epp_filter::inflight::LEDGER_KEY)
         .map(|b| prost::Message::decode(b.as_slice()).expect("ledger decodes"))
         .unwrap_or_default();
-    assert!(ledger.loads().values().all(|l| *l == Default::default()), "{ledger:?}");
+    assert!(
+        ledger.loads().values().all(|l| *l == Default::default()),
+        "{ledger:?}"
+    );
     let m = latency_model(&sim);
     let (ttft_n, tpot_n) = (m.samples(Target::Ttft), m.samples(Target::Tpot));
     let (ttft_err, tpot_err) = (m.error(Target::Ttft), m.error(Target::Tpot));
@@ -229,7 +232,11 @@ fn the_predictor_learns_a_mixed_pool_from_the_streams_it_sees() {
     for i in 0..2 {
         let (after, n) = window(i);
         assert!(n >= 900.0, "{n} predictions scored after 20 s");
-        assert!(after < first(i), "no better once warm: {} then {after}", first(i));
+        assert!(
+            after < first(i),
+            "no better once warm: {} then {after}",
+            first(i)
+        );
     }
     let count = |family: &str| {
         family_sum(
