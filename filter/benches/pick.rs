@@ -160,7 +160,8 @@ fn bench(c: &mut Criterion) {
                         .ok()
                         .and_then(|d| d.primary())
                         .map(|i| (candidates[i].address.clone(), 100));
-                    (pick.clone(), pick)
+                    let counted = pick.clone().map(|(ep, t)| inflight::Counted::new(ep, t));
+                    (counted, pick)
                 })
                 .expect("ledger");
                 // Release at once so the ledger stays at its steady-state size.

@@ -50,6 +50,11 @@ pub struct Candidate {
     pub in_flight: u64,
     /// Estimated tokens in flight through this gateway (all workers).
     pub in_flight_tokens: u64,
+    /// Of `in_flight`, requests still in prefill (no response chunk yet; counted only
+    /// with a latency producer).
+    pub prefilling: u64,
+    /// Their uncached input tokens: the prefill work queued ahead of a new request.
+    pub prefill_tokens: u64,
 }
 
 impl Candidate {

@@ -66,6 +66,27 @@ pub struct EndpointCount {
     /// Estimated tokens of those requests (token-load scorer, affinity TTFT gate).
     #[prost(uint64, tag = "3")]
     pub tokens: u64,
+    /// Of those, requests still in prefill: dispatched, no response chunk yet (kept
+    /// only with a latency producer, which reports the first chunks).
+    #[prost(uint32, tag = "4")]
+    pub prefilling: u32,
+    /// Uncached input tokens of the requests still in prefill: the prefill work queued
+    /// at the engine ahead of a new request.
+    #[prost(uint64, tag = "5")]
+    pub prefill_tokens: u64,
+}
+
+/// What this gateway has in flight on one endpoint, over every live VM.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Requests in flight.
+    pub requests: u64,
+    /// Their estimated tokens.
+    pub tokens: u64,
+    /// Requests still in prefill (no response chunk yet).
+    pub prefilling: u64,
+    /// Their uncached input tokens.
+    pub prefill_tokens: u64,
 }
 
 impl Ledger {
@@ -81,13 +102,49 @@ impl Ledger {
 
     /// Requests and tokens in flight per endpoint, over every live VM.
     pub fn totals(&self) -> hashbrown::HashMap<&str, (u64, u64)> {
-        let mut out: hashbrown::HashMap<&str, (u64, u64)> = hashbrown::HashMap::new();
+        self.loads()
+            .into_iter()
+            .map(|(k, l)| (k, (l.requests, l.tokens)))
+            .collect()
+    }
+
+    /// Everything in flight per endpoint, over every live VM.
+    pub fn loads(&self) -> hashbrown::HashMap<&str, Load> {
+        let mut out: hashbrown::HashMap<&str, Load> = hashbrown::HashMap::new();
         for c in self.workers.iter().flat_map(|w| w.counts.iter()) {
             let e = out.entry(c.endpoint.as_str()).or_default();
-            e.0 += u64::from(c.in_flight);
-            e.1 += c.tokens;
+            e.requests += u64::from(c.in_flight);
+            e.tokens += c.tokens;
+            e.prefilling += u64::from(c.prefilling.min(c.in_flight));
+            e.prefill_tokens += c.prefill_tokens;
         }
         out
+    }
+
+    /// Adds `delta` requests of `tokens` uncached input tokens to `vm`'s prefill count
+    /// on `endpoint` (never below zero, never above its in-flight count). Nothing when
+    /// the VM has nothing in flight there (the request was already released).
+    pub fn add_prefill(&mut self, vm: u64, endpoint: &str, delta: i64, tokens: i64) {
+        let Some(c) = self
+            .workers
+            .iter_mut()
+            .filter(|w| w.vm == vm)
+            .flat_map(|w| w.counts.iter_mut())
+            .find(|c| c.endpoint == endpoint)
+        else {
+            return;
+        };
+        let n = i64::from(c.prefilling).saturating_add(delta).max(0);
+        c.prefilling = u32::try_from(n).unwrap_or(u32::MAX).min(c.in_flight);
+        let t = i64::try_from(c.prefill_tokens)
+            .unwrap_or(i64::MAX)
+            .saturating_add(tokens)
+            .max(0);
+        c.prefill_tokens = if c.prefilling == 0 {
+            0
+        } else {
+            u64::try_from(t).unwrap_or(0)
+        };
     }
 
     /// Drops the rows of VMs not seen for [`WORKER_STALE_MS`].
@@ -130,8 +187,7 @@ impl Ledger {
             None => {
                 row.counts.push(EndpointCount {
                     endpoint: endpoint.to_string(),
-                    in_flight: 0,
-                    tokens: 0,
+                    ..EndpointCount::default()
                 });
                 row.counts.len() - 1
             }
@@ -144,8 +200,13 @@ impl Ledger {
                 .saturating_add(tokens)
                 .max(0);
             c.tokens = u64::try_from(t).unwrap_or(0);
+            // A release may leave `prefilling` above `in_flight` until the request's
+            // prefill is reported over (`first_chunk`); readers take the minimum.
             if c.in_flight == 0 {
                 c.tokens = 0;
+            }
+            if c.prefilling == 0 {
+                c.prefill_tokens = 0;
             }
         }
         row.counts.retain(|c| c.in_flight > 0);
@@ -153,23 +214,64 @@ impl Ledger {
     }
 }
 
-/// Runs `choose` on the current ledger (stale rows dropped) and counts one request of
-/// `tokens` on the endpoint it returns for `vm`, atomically: if another worker wrote the
-/// ledger meanwhile, `choose` runs again on the new state. Returns what `choose` returned.
+/// What a pick counts in flight: the endpoint, the request's estimated tokens and,
+/// when its first response chunk will be reported ([`first_chunk`]), its uncached input
+/// tokens (counted as prefill queued there until then).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counted {
+    /// `ip:port`.
+    pub endpoint: String,
+    /// Estimated tokens.
+    pub tokens: u64,
+    /// Uncached input tokens, counted as in prefill.
+    pub prefill: Option<u64>,
+}
+
+impl Counted {
+    /// A request of `tokens` on `endpoint`, not tracked through prefill.
+    pub fn new(endpoint: String, tokens: u64) -> Self {
+        Self {
+            endpoint,
+            tokens,
+            prefill: None,
+        }
+    }
+}
+
+/// Runs `choose` on the current ledger (stale rows dropped) and counts the request it
+/// returns for `vm`, atomically: if another worker wrote the ledger meanwhile, `choose`
+/// runs again on the new state. Returns what `choose` returned.
 pub fn acquire_with<R>(
     store: &impl SharedStore,
     vm: u64,
     now_ms: i64,
-    mut choose: impl FnMut(&Ledger) -> (Option<(String, u64)>, R),
+    mut choose: impl FnMut(&Ledger) -> (Option<Counted>, R),
 ) -> Result<R, StoreError> {
     update(store, LEDGER_KEY, |ledger: &mut Ledger| {
         ledger.drop_stale(now_ms);
         let (pick, result) = choose(ledger);
-        if let Some((endpoint, tokens)) = pick {
-            let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
-            ledger.add_with_tokens(vm, &endpoint, 1, tokens, now_ms);
+        if let Some(c) = pick {
+            let tokens = i64::try_from(c.tokens).unwrap_or(i64::MAX);
+            ledger.add_with_tokens(vm, &c.endpoint, 1, tokens, now_ms);
+            if let Some(p) = c.prefill {
+                ledger.add_prefill(vm, &c.endpoint, 1, i64::try_from(p).unwrap_or(i64::MAX));
+            }
         }
         result
+    })
+}
+
+/// The request of `vm` on `endpoint` with `prefill` uncached input tokens left prefill
+/// (its first response chunk came, or it ended without one): one CAS.
+pub fn first_chunk(
+    store: &impl SharedStore,
+    vm: u64,
+    endpoint: &str,
+    prefill: u64,
+) -> Result<(), StoreError> {
+    let tokens = i64::try_from(prefill).unwrap_or(i64::MAX);
+    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
+        ledger.add_prefill(vm, endpoint, -1, -tokens);
     })
 }
 
@@ -261,7 +363,7 @@ mod tests {
                 .collect();
             let pick =
                 (!tied.is_empty()).then(|| tied[(seed % tied.len() as u64) as usize].to_string());
-            (pick.clone().map(|p| (p, 0)), pick)
+            (pick.clone().map(|p| Counted::new(p, 0)), pick)
         })
     }
 
@@ -345,7 +447,7 @@ mod tests {
         for vm in [1, 2] {
             let got = acquire_with(&s, vm, 0, |l| {
                 let t = l.totals().get(EPS[0]).copied().unwrap_or_default();
-                (Some((EPS[0].to_string(), 100)), t)
+                (Some(Counted::new(EPS[0].to_string(), 100)), t)
             })
             .unwrap();
             assert_eq!(got, if vm == 1 { (0, 0) } else { (1, 100) });
@@ -372,7 +474,7 @@ mod tests {
         let mut ejected = None;
         for i in 0..policy.consecutive_failures {
             let got = acquire_with(&s, 1, i64::from(i), |_| {
-                (Some((EPS[0].to_string(), 10)), ())
+                (Some(Counted::new(EPS[0].to_string(), 10)), ())
             });
             assert!(got.is_ok());
             // Envoy could not connect to the pick and retried on the next endpoint.
@@ -387,8 +489,49 @@ mod tests {
         assert!(!health::is_ejected(&ledger(&s).health, EPS[1], 10));
         // Without passive health the load still moves, and nothing is ejected.
         let s = MemoryStore::default();
-        acquire_with(&s, 1, 0, |_| (Some((EPS[0].to_string(), 10)), ())).unwrap();
+        acquire_with(&s, 1, 0, |_| (Some(Counted::new(EPS[0].to_string(), 10)), ())).unwrap();
         assert_eq!(moved(&s, 1, (EPS[0], EPS[2]), 10, 0, None).unwrap(), None);
         assert_eq!(ledger(&s).totals()[EPS[2]], (1, 10));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn prefill_queued_and_decoding_requests_are_told_apart_across_workers() {
+        let s = MemoryStore::default();
+        let take = |vm: u64, prefill: u64| {
+            acquire_with(&s, vm, 0, |_| {
+                let c = Counted {
+                    prefill: Some(prefill),
+                    ..Counted::new(EPS[0].to_string(), prefill + 50)
+                };
+                (Some(c), ())
+            })
+            .unwrap()
+        };
+        take(1, 300);
+        take(2, 500);
+        let load = |s: &MemoryStore| ledger(s).loads().get(EPS[0]).copied().unwrap_or_default();
+        assert_eq!(
+            load(&s),
+            Load {
+                requests: 2,
+                tokens: 900,
+                prefilling: 2,
+                prefill_tokens: 800
+            }
+        );
+        // VM 2's request streams its first chunk: it decodes now.
+        first_chunk(&s, 2, EPS[0], 500).unwrap();
+        let l = load(&s);
+        assert_eq!((l.requests, l.prefilling, l.prefill_tokens), (2, 1, 300));
+        // VM 1's request fails before any chunk: released, and its prefill with it.
+        release(&s, 1, EPS[0], 350, 1, None).unwrap();
+        first_chunk(&s, 1, EPS[0], 300).unwrap();
+        let l = load(&s);
+        assert_eq!((l.requests, l.prefilling, l.prefill_tokens), (1, 0, 0));
+        // A late or repeated report never goes below zero nor above what is in flight.
+        first_chunk(&s, 2, EPS[0], 500).unwrap();
+        assert_eq!(load(&s).prefilling, 0);
+        release(&s, 2, EPS[0], 550, 2, None).unwrap();
+        assert!(ledger(&s).workers.is_empty());
     }
 }

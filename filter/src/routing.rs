@@ -118,11 +118,13 @@ pub fn route(
 ) -> Result<Outcome, StoreError> {
     let (decision, samples) =
         inflight::acquire_with(store, pick.vm, pick.request.now_ms, |ledger| {
-            let totals = ledger.totals();
+            let loads = ledger.loads();
             for c in candidates.iter_mut() {
-                let (n, t) = totals.get(c.address.as_str()).copied().unwrap_or_default();
-                c.in_flight = n;
-                c.in_flight_tokens = t;
+                let l = loads.get(c.address.as_str()).copied().unwrap_or_default();
+                c.in_flight = l.requests;
+                c.in_flight_tokens = l.tokens;
+                c.prefilling = l.prefilling;
+                c.prefill_tokens = l.prefill_tokens;
             }
             // Passive health: ejected endpoints at the end, out of this pick (unless
             // all are); the decision's indices stay positions in `candidates`.
@@ -131,12 +133,21 @@ pub fn route(
             let mut rng = Rng::new(pick.seed);
             let mut probe = Probe::new(pick.time_plugins.then_some(clock));
             let decision = scheduler.schedule(&pick.request, eligible, index, &mut rng, &mut probe);
-            let counted = decision
-                .as_ref()
-                .ok()
-                .and_then(|d| d.primary())
-                .and_then(|i| candidates.get(i))
-                .map(|c| (c.address.clone(), pick.tokens));
+            // With a latency producer the first response chunk is reported, so the
+            // request counts as prefill queued there until then.
+            let counted = decision.as_ref().ok().and_then(|d| {
+                let i = d.primary()?;
+                let c = candidates.get(i)?;
+                let prefill = scheduler.latency.as_ref().map(|_| {
+                    d.estimates
+                        .get(i)
+                        .map_or(0, |e| crate::latency::features::uncached_tokens(&e.x))
+                });
+                Some(inflight::Counted {
+                    prefill,
+                    ..inflight::Counted::new(c.address.clone(), pick.tokens)
+                })
+            });
             (counted, (decision, probe.samples))
         })?;
     let e2e_us = clock().saturating_sub(pick.started_ns) / 1_000;
@@ -226,7 +237,10 @@ pub fn fail_open(
 ) -> Option<String> {
     let mut rng = Rng::new(seed);
     let pick = pool.get(rng.below(pool.len()))?.clone();
-    inflight::acquire_with(store, vm, now_ms, |_| (Some((pick.clone(), tokens)), ())).ok()?;
+    inflight::acquire_with(store, vm, now_ms, |_| {
+        (Some(inflight::Counted::new(pick.clone(), tokens)), ())
+    })
+    .ok()?;
     Some(pick)
 }
 
@@ -317,8 +331,10 @@ mod tests {
         // Five failures reported with their releases (any worker) eject it for 1 s.
         let mut ejections = Vec::new();
         for _ in 0..policy.consecutive_failures {
-            crate::inflight::acquire_with(&store, 1, 900, |_| (Some((bad.to_string(), 0)), ()))
-                .unwrap();
+            crate::inflight::acquire_with(&store, 1, 900, |_| {
+                (Some(crate::inflight::Counted::new(bad.to_string(), 0)), ())
+            })
+            .unwrap();
             let failed = Some((crate::health::Outcome::Failure, policy));
             ejections.push(crate::inflight::release(&store, 1, bad, 0, 900, failed).unwrap());
         }

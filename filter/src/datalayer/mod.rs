@@ -114,8 +114,7 @@ pub fn candidates(
             address: e.address.clone(),
             labels: e.labels.clone(),
             metrics: snap.map(EndpointSnapshot::metrics).unwrap_or_default(),
-            in_flight: 0,
-            in_flight_tokens: 0,
+            ..Candidate::default()
         });
     }
     out

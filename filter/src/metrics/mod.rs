@@ -681,6 +681,25 @@ pub const PREDICTOR_ERROR: Metric = Metric {
     ..BASE
 };
 
+/// The absolute percentage errors of the predictions routing used, summed, in
+/// thousandths (exported as a fraction): with [`PREDICTOR_SCORED`], the mean absolute
+/// percentage error over any window (Δ sum ÷ Δ count).
+pub const PREDICTOR_ABS_ERROR: Metric = Metric {
+    name: "inference_extension_latency_predictor_absolute_percentage_error_total",
+    labels: &["prediction"],
+    help: "Sum of |predicted - observed| / observed over the predictions routing used (fraction); divide its increase by the increase of inference_extension_latency_predictor_scored_total for the MAPE over a window.",
+    unit: Unit::Thousandths,
+    ..BASE
+};
+
+/// Predictions routing used whose outcome was observed.
+pub const PREDICTOR_SCORED: Metric = Metric {
+    name: "inference_extension_latency_predictor_scored_total",
+    labels: &["prediction"],
+    help: "Predictions routing used whose observed latency came back.",
+    ..BASE
+};
+
 /// When the model was last trained (ms since the Unix epoch, host clock).
 pub const PREDICTOR_TRAINED: Metric = Metric {
     name: "inference_extension_latency_predictor_last_train_timestamp_ms",
@@ -734,6 +753,8 @@ pub const ALL: &[Metric] = &[
     OBJECTIVE_TPOT_SLO_VIOLATION,
     PREDICTOR_SAMPLES,
     PREDICTOR_ERROR,
+    PREDICTOR_ABS_ERROR,
+    PREDICTOR_SCORED,
     PREDICTOR_TRAINED,
 ];
 

@@ -8,6 +8,7 @@
 //! the core's (`crate::latency`).
 
 use super::{host, host::Map, stats, store::HostStore, vm};
+use crate::inflight;
 use crate::latency::observe::{completion_tokens, Tracked};
 use crate::latency::running::{self, Entry};
 use crate::latency::shared::{self, MAX_LOCAL};
@@ -98,17 +99,32 @@ pub fn response_headers(ctx: u32) {
     });
 }
 
+/// The request left prefill on `endpoint` (first chunk, or ended without one): the
+/// in-flight ledger stops counting its prefill there.
+fn left_prefill(endpoint: &str, x: &[f64; crate::latency::features::N]) {
+    let tokens = crate::latency::features::uncached_tokens(x);
+    if let Err(e) = inflight::first_chunk(&HostStore, vm::id(), endpoint, tokens) {
+        log::debug!("in-flight prefill count of {endpoint} not updated: {e:?}");
+    }
+}
+
 /// A response body chunk of `size` bytes for `ctx`; the last one is read for `usage`.
 pub fn response_chunk(ctx: u32, size: usize, end_of_stream: bool) {
     let now = host::clock_us();
-    let streaming = vm::with(|vm| {
+    let seen = vm::with(|vm| {
         vm.tracked.get_mut(&ctx).map(|t| {
+            let first = t.first_us.is_none() && size > 0;
             t.chunk(now, size);
-            t.streaming
+            (t.streaming, first.then(|| (t.endpoint.clone(), t.x)))
         })
     })
     .flatten();
-    let Some(streaming) = streaming else { return };
+    let Some((streaming, first)) = seen else {
+        return;
+    };
+    if let Some((endpoint, x)) = first {
+        left_prefill(&endpoint, &x);
+    }
     if end_of_stream && streaming && size > 0 && size <= MAX_USAGE_CHUNK {
         if let Some(n) = host::response_body(size)
             .ok()
@@ -128,6 +144,9 @@ pub fn finished(rt: &Runtime, vm_id: u64, ctx: u32, model: &str, target: &str) {
     let Some(Some(t)) = vm::with(|vm| vm.tracked.remove(&ctx)) else {
         return;
     };
+    if t.first_us.is_none() {
+        left_prefill(&t.endpoint, &t.x);
+    }
     if t.listed {
         let now = host::clock_ms();
         if let Err(e) = running::remove(&HostStore, vm_id, ctx, now, ttl_ms(rt)) {
@@ -137,6 +156,16 @@ pub fn finished(rt: &Runtime, vm_id: u64, ctx: u32, model: &str, target: &str) {
     let Some(truth) = t.truth() else { return };
     let labels = [model, target];
     let us = |ms: f64| (ms * 1_000.0).round().max(0.0) as u64;
+    for (label, predicted, observed) in [
+        ("ttft", t.predicted_ttft_ms, Some(truth.ttft_ms)),
+        ("tpot", t.predicted_tpot_ms, truth.tpot_ms),
+    ] {
+        if let (Some(p), Some(o)) = (predicted, observed.filter(|o| *o > 0.0)) {
+            let permille = ((p - o).abs() / o * 1_000.0).round().min(1e9) as i64;
+            stats::add(&metrics::PREDICTOR_ABS_ERROR, &[label], permille);
+            stats::add(&metrics::PREDICTOR_SCORED, &[label], 1);
+        }
+    }
     stats::observe(&metrics::OBJECTIVE_TTFT, &labels, us(truth.ttft_ms));
     if let Some(p) = t.predicted_ttft_ms {
         stats::observe(&metrics::OBJECTIVE_PREDICTED_TTFT, &labels, us(p));

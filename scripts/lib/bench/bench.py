@@ -6,6 +6,7 @@ bench-results/<UTC timestamp>-<subcommand>.md (common.write_result).
 
   bench.py overhead|quality|sched|overload|flow-control [--command TEXT] [options]
   bench.py quality-sim [--command TEXT] [quality-sim's own options]
+  bench.py slo [--command TEXT] [slo-sim's own options]
   bench.py breakdown [--command TEXT] [--candidate-wasm PATH [--candidate-label TEXT]]
                      [host-calls' own options]
 
@@ -28,6 +29,7 @@ import overhead
 import overload
 import quality
 import quality_sim
+import slo_sim
 import sched
 import soak
 
@@ -142,10 +144,10 @@ def flow_control_options(a):
     return flow_control_bench.FlowControlOptions(parked=a.parked, side=overload_options(a, 20))
 
 
-def quality_sim_argv(argv):
-    """(the command line for the header, quality-sim's own arguments) of
-    `quality-sim [--command TEXT] [--no-append] ARGS...`."""
-    command, rest = "scripts/bench quality-sim", []
+def quality_sim_argv(argv, command="scripts/bench quality-sim"):
+    """(the command line for the header, the simulator's own arguments) of
+    `quality-sim|slo [--command TEXT] [--no-append] ARGS...`."""
+    rest = []
     it = iter(argv)
     for arg in it:
         if arg == "--command":
@@ -193,6 +195,9 @@ def parse(argv):
     if argv and argv[0] == "quality-sim":
         command, rest = quality_sim_argv(argv[1:])
         return "quality-sim", command, quality_sim, quality_sim.QualitySimOptions(rest)
+    if argv and argv[0] == "slo":
+        command, rest = quality_sim_argv(argv[1:], "scripts/bench slo")
+        return "slo", command, slo_sim, slo_sim.SloSimOptions(rest)
     a = parser().parse_args(argv)
     build = {"overhead": (overhead, overhead_options),
              "quality": (quality, quality_options),

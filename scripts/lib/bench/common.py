@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 SIM = os.path.join(ROOT, "target/release/vllm-sim")
 LOADGEN = os.path.join(ROOT, "target/release/loadgen")
 QUALITY_SIM = os.path.join(ROOT, "target/release/quality-sim")
+SLO_SIM = os.path.join(ROOT, "target/release/slo-sim")
 WASM = os.path.join(ROOT, "target/wasm32-wasip1/release/epp_filter.wasm")
 ENVOY = os.path.join(ROOT, ".venv/bin/envoy")
 VENV_PY = os.path.join(ROOT, ".venv/bin/python")
