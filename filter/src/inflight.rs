@@ -489,7 +489,10 @@ mod tests {
         assert!(!health::is_ejected(&ledger(&s).health, EPS[1], 10));
         // Without passive health the load still moves, and nothing is ejected.
         let s = MemoryStore::default();
-        acquire_with(&s, 1, 0, |_| (Some(Counted::new(EPS[0].to_string(), 10)), ())).unwrap();
+        acquire_with(&s, 1, 0, |_| {
+            (Some(Counted::new(EPS[0].to_string(), 10)), ())
+        })
+        .unwrap();
         assert_eq!(moved(&s, 1, (EPS[0], EPS[2]), 10, 0, None).unwrap(), None);
         assert_eq!(ledger(&s).totals()[EPS[2]], (1, 10));
     }
