@@ -13,7 +13,10 @@
 // A benchmark, not the data path: panicking on a broken setup is what we want.
 #![allow(clippy::expect_used, clippy::indexing_slicing, clippy::unwrap_used)]
 
-use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::measurement::WallTime;
+use criterion::{
+    black_box, criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion,
+};
 use epp_filter::inflight;
 use epp_filter::prefix::index::PrefixIndex;
 use epp_filter::rng::Rng;
@@ -61,6 +64,31 @@ fn setup(n: usize) -> (Scheduler, Vec<Candidate>, PrefixIndex, String) {
     (scheduler, candidates, index, request)
 }
 
+/// Benchmarks one scheduling decision (a new tie-break seed each time) as `id`.
+fn schedule(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: BenchmarkId,
+    scheduler: &Scheduler,
+    request: &Request,
+    candidates: &[Candidate],
+    index: &PrefixIndex,
+) {
+    let mut seed = 0u64;
+    group.bench_function(id, |b| {
+        b.iter(|| {
+            seed += 1;
+            let d = scheduler.schedule(
+                black_box(request),
+                black_box(candidates),
+                index,
+                &mut Rng::new(seed),
+                &mut Probe::new(None),
+            );
+            black_box(d.ok())
+        })
+    });
+}
+
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("schedule");
     for n in [8usize, 64, 512] {
@@ -71,20 +99,14 @@ fn bench(c: &mut Criterion) {
             body_bytes: prompt.len() + 40,
             ..Request::default()
         };
-        let mut seed = 0u64;
-        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| {
-                seed += 1;
-                let d = scheduler.schedule(
-                    black_box(&request),
-                    black_box(&candidates),
-                    &index,
-                    &mut Rng::new(seed),
-                    &mut Probe::new(None),
-                );
-                black_box(d.ok())
-            })
-        });
+        schedule(
+            &mut group,
+            BenchmarkId::from_parameter(n),
+            &scheduler,
+            &request,
+            &candidates,
+            &index,
+        );
     }
     group.finish();
     let mut group = c.benchmark_group("schedule_cold");
@@ -111,20 +133,8 @@ fn bench(c: &mut Criterion) {
                 body_bytes: prompt.len() + 40,
                 ..Request::default()
             };
-            let mut seed = 0u64;
-            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
-                b.iter(|| {
-                    seed += 1;
-                    let d = scheduler.schedule(
-                        black_box(&request),
-                        black_box(&candidates),
-                        &index,
-                        &mut Rng::new(seed),
-                        &mut Probe::new(None),
-                    );
-                    black_box(d.ok())
-                })
-            });
+            let id = BenchmarkId::new(name, n);
+            schedule(&mut group, id, &scheduler, &request, &candidates, &index);
         }
     }
     group.finish();
