@@ -3,6 +3,8 @@
 //! Where the reference's two generations differ (Gateway API Inference Extension,
 //! `x-gateway-*`; llm-d router, `x-llm-d-*`), both are read, the first found wins.
 
+use std::borrow::Cow;
+
 /// Request header carrying the chosen endpoints (primary, then fallbacks,
 /// comma-separated), as the reference protocol defines it. An `override_host` cluster
 /// takes its first member.
@@ -72,17 +74,18 @@ pub const GATEWAY_OWNED: [&str; 17] = [
 ];
 
 /// A request's headers as one read gave them (the proxy-wasm header-map encoding), looked
-/// up by name without further host calls.
-pub struct HeaderMap {
-    pairs: Vec<(String, String)>,
+/// up by name without further host calls. Names and values borrow the buffer read (a
+/// copy only for one that is not UTF-8, with the invalid bytes replaced).
+pub struct HeaderMap<'a> {
+    pairs: Vec<(Cow<'a, str>, Cow<'a, str>)>,
 }
 
-impl HeaderMap {
+impl<'a> HeaderMap<'a> {
     /// Decodes the proxy-wasm serialization of a header map: a little-endian `u32`
     /// count, then each pair's key and value sizes (`u32` each), then the keys and
     /// values, each followed by a NUL. A malformed buffer yields the pairs decoded
     /// before the fault.
-    pub fn decode(bytes: &[u8]) -> Self {
+    pub fn decode(bytes: &'a [u8]) -> Self {
         let u32_at = |at: usize| -> Option<usize> {
             let b = bytes.get(at..at.checked_add(4)?)?;
             let v = u32::from_le_bytes([*b.first()?, *b.get(1)?, *b.get(2)?, *b.get(3)?]);
@@ -105,10 +108,7 @@ impl HeaderMap {
             let (Some(key), Some(value)) = (key, value) else {
                 break;
             };
-            pairs.push((
-                String::from_utf8_lossy(key).into_owned(),
-                String::from_utf8_lossy(value).into_owned(),
-            ));
+            pairs.push((String::from_utf8_lossy(key), String::from_utf8_lossy(value)));
         }
         Self { pairs }
     }
@@ -118,7 +118,7 @@ impl HeaderMap {
         self.pairs
             .iter()
             .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| v.as_ref())
     }
 
     /// The first of `names` that is present, unless its value is empty (the
@@ -166,8 +166,8 @@ pub mod testing {
     }
 
     /// A [`HeaderMap`] of `pairs`.
-    pub fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        HeaderMap::decode(&encode(pairs))
+    pub fn map(pairs: &[(&str, &str)]) -> HeaderMap<'static> {
+        HeaderMap::decode(Box::leak(encode(pairs).into_boxed_slice()))
     }
 }
 
@@ -176,16 +176,16 @@ mod tests {
     use super::*;
     use wasm_bindgen_test::wasm_bindgen_test;
 
-    use super::testing::encode;
+    use super::testing::{encode, map};
 
     #[wasm_bindgen_test(unsupported = test)]
     fn reads_the_hosts_encoding() {
-        let h = HeaderMap::decode(&encode(&[
+        let h = map(&[
             (":path", "/v1/completions"),
             ("x-gateway-inference-objective", "critical"),
             ("x-a", ""),
             ("x-a", "second"),
-        ]));
+        ]);
         assert_eq!(h.get(":path"), Some("/v1/completions"));
         assert_eq!(
             h.get("x-a"),
@@ -197,28 +197,38 @@ mod tests {
     }
 
     #[wasm_bindgen_test(unsupported = test)]
+    fn a_value_that_is_not_utf8_is_read_with_replacement_characters() {
+        let mut bytes = encode(&[("x-gateway-inference-fairness-id", "ab")]);
+        // The value's first byte made invalid UTF-8.
+        let at = bytes.len() - 3;
+        bytes[at] = 0xff;
+        let h = HeaderMap::decode(&bytes);
+        assert_eq!(h.get("x-gateway-inference-fairness-id"), Some("\u{fffd}b"));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
     fn the_first_generation_present_wins_and_an_empty_value_is_none() {
-        let both = HeaderMap::decode(&encode(&[
+        let both = map(&[
             ("x-llm-d-inference-fairness-id", "router"),
             ("x-gateway-inference-fairness-id", "gie"),
-        ]));
+        ]);
         assert_eq!(both.first(&FAIRNESS_ID), Some("gie"));
-        let router = HeaderMap::decode(&encode(&[("x-llm-d-inference-fairness-id", "r")]));
+        let router = map(&[("x-llm-d-inference-fairness-id", "r")]);
         assert_eq!(router.first(&FAIRNESS_ID), Some("r"));
-        let empty = HeaderMap::decode(&encode(&[
+        let empty = map(&[
             ("x-gateway-inference-fairness-id", ""),
             ("x-llm-d-inference-fairness-id", "r"),
-        ]));
+        ]);
         assert_eq!(empty.first(&FAIRNESS_ID), None);
     }
 
     #[wasm_bindgen_test(unsupported = test)]
     fn lists_the_gateway_owned_headers_a_client_sent() {
-        let h = HeaderMap::decode(&encode(&[
+        let h = map(&[
             ("x-gateway-destination-endpoint", "10.0.0.1:80"),
             ("content-type", "application/json"),
             ("x-llm-d-model-name-rewrite", "m"),
-        ]));
+        ]);
         let owned: Vec<&str> = h.gateway_owned().collect();
         assert_eq!(owned, vec![DESTINATION, MODEL_REWRITE[1]]);
     }

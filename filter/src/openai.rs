@@ -50,13 +50,15 @@ impl Api {
     pub fn from_path(path: &str) -> Api {
         let path = path.split('?').next().unwrap_or(path).trim_end_matches('/');
         let last = path.rsplit('/').next().unwrap_or(path);
+        // Segments compared, not substrings searched (this runs on every request).
+        let prefixed = |name: &str| path.split('/').any(|s| s.starts_with(name));
         if path.ends_with("/chat/completions") {
             Api::ChatCompletions
-        } else if path.contains("/audio/") {
+        } else if path.split('/').rev().skip(1).any(|s| s == "audio") {
             Api::Audio
-        } else if path.contains("/conversations") {
+        } else if prefixed("conversations") {
             Api::Conversations
-        } else if path.contains("/responses") {
+        } else if prefixed("responses") {
             Api::Responses
         } else {
             match last {

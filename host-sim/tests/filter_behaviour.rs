@@ -146,7 +146,8 @@ fn a_client_disconnect_mid_request_releases_the_in_flight_count() {
             r
         }
     }));
-    sim.run_until(ms(50)).unwrap();
+    // Envoy's gauge is brought up to date on the root tick (and when a request ends).
+    sim.run_until(ms(105)).unwrap();
     assert_eq!(running_requests(&sim), 12.0);
     sim.run_until(ms(500)).unwrap();
     assert_eq!(

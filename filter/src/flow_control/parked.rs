@@ -5,7 +5,8 @@
 
 use super::ordering::OrderKey;
 use super::state::Head;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use hashbrown::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A flow: (priority, fairness id).
 pub type FlowId = (i32, String);

@@ -151,6 +151,16 @@ impl Http {
         }
     }
 
+    /// `ladder-parse` builds: the next configured endpoint by turns, nothing counted.
+    fn ladder_route(&self) -> Action {
+        let n = self.rt.pool.endpoints.len().max(1);
+        let i = usize::try_from(self.id).unwrap_or(0) % n;
+        if let Some(e) = self.rt.pool.endpoints.get(i) {
+            let _ = host::set_header(Map::RequestHeaders, crate::headers::PRIMARY, &e.address);
+        }
+        Action::Continue
+    }
+
     /// Releases whatever the request held, once.
     fn release(&mut self) {
         if flow::cancelled(self.id, self.id) {
@@ -204,23 +214,30 @@ fn serve_metrics(idle_series_ms: i64) -> Action {
 impl Context for Http {
     /// The end of the stream however it ended (Envoy calls it right after the access log).
     fn on_done(&mut self) -> bool {
+        if cfg!(feature = "ladder-continue") {
+            return true;
+        }
         self.release();
+        // The request's counter updates reach Envoy's stats now, summed (its running
+        // gauges' +1 and -1 cancel out: no host call for them).
+        stats::flush();
         true
     }
 }
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        if cfg!(feature = "ladder-continue") {
+            return Action::Continue;
+        }
         self.received_us = host::clock_us();
         // One host call for every header; then only the gateway-owned ones present are
         // removed (a call each).
-        let headers = match host::header_pairs(Map::RequestHeaders) {
-            Ok(bytes) => HeaderMap::decode(&bytes),
-            Err(status) => {
-                log::warn!("cannot read the request headers: status {status}");
-                HeaderMap::decode(&[])
-            }
-        };
+        let bytes = host::header_pairs(Map::RequestHeaders).unwrap_or_else(|status| {
+            log::warn!("cannot read the request headers: status {status}");
+            Vec::new()
+        });
+        let headers = HeaderMap::decode(&bytes);
         self.path = headers.get(":path").unwrap_or_default().to_string();
         if let Some(m) = &self.rt.pool.metrics_endpoint {
             if self.path.split('?').next() == Some(m.path.as_str()) && on_port(m.port) {
@@ -284,6 +301,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if cfg!(feature = "ladder-continue") {
+            return Action::Continue;
+        }
         let limit = self.rt.pool.max_request_body_bytes;
         if body_size > limit {
             return self.reject(&ApiError::body_too_large(body_size, limit), "");
@@ -334,6 +354,9 @@ impl HttpContext for Http {
             replaced = true;
             self.rewritten = Some(model_rewrite::Restorer::new(&target, &request.model));
         }
+        if cfg!(feature = "ladder-parse") {
+            return self.ladder_route();
+        }
         let input = self.route_input(Some(&request), &target, body.len());
         let meta = RequestMeta {
             fairness_id: &self.fairness_id,
@@ -371,6 +394,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if cfg!(feature = "ladder-continue") {
+            return Action::Continue;
+        }
         if self.rt.scheduler.latency.is_some() {
             latency::response_headers(self.id);
         }
@@ -438,6 +464,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if cfg!(feature = "ladder-continue") {
+            return Action::Continue;
+        }
         if self.rt.scheduler.latency.is_some() {
             latency::response_chunk(self.id, body_size, end_of_stream);
         }

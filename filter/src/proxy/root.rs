@@ -133,6 +133,7 @@ impl RootContext for Root {
         }
         // A set, not an increment: every VM writing 1 still reads 1.
         stats::set(&metrics::INFO, &[metrics::COMMIT, metrics::BUILD_REF], 1);
+        stats::flush();
         self.runtime = Some(rt);
         true
     }
@@ -155,6 +156,7 @@ impl RootContext for Root {
             }
             stats::expire(id, now, rt.pool.idle_series_ms());
         }
+        stats::flush();
         flow::on_tick(self.id);
         // Finishing a shutdown that had more parked requests than one batch (a failed
         // `proxy_done` is retried on the next tick).

@@ -4,6 +4,12 @@
 //! Every value goes to both. Stats are process-wide in Envoy, but metric ids are per VM,
 //! so each VM defines every name it uses once and caches the id. The recorder is
 //! published to shared data (one key per VM) at most every [`PUBLISH_MS`], from the tick.
+//!
+//! Counter and gauge updates reach Envoy summed ([`flush`]: the sum of the increments,
+//! or the last value set, one host call per stat that changed) when a request ends and
+//! on the tick, instead of one host call per update: a request's running gauges go up
+//! and down again with no host call at all. Histogram observations are recorded as they
+//! happen.
 
 use super::{host, store::HostStore, vm};
 use crate::metrics::exposition;
@@ -23,12 +29,22 @@ const MAX_VMS: u64 = 1_024;
 
 struct Stats {
     recorder: Recorder,
+    /// Envoy stat updates not yet made, by stat id ([`flush`]).
+    pending: hashbrown::HashMap<u32, Pending>,
     ids: HashMap<String, u32>,
     /// Series already resolved, by a hash of (metric, raw label values): the recorder's
     /// slot and the Envoy stat id, found again with no allocation.
-    cache: HashMap<u64, Resolved>,
+    cache: Cache,
     published_ms: i64,
     expired_ms: i64,
+}
+
+/// A counter's or gauge's updates since the last [`flush`]: a value set (the last), then
+/// the increments after it.
+#[derive(Default, Clone, Copy)]
+struct Pending {
+    set: Option<u64>,
+    delta: i64,
 }
 
 struct Resolved {
@@ -45,8 +61,9 @@ const CACHE_MAX: usize = 4_096;
 thread_local! {
     static STATS: RefCell<Stats> = RefCell::new(Stats {
         recorder: Recorder::default(),
+        pending: hashbrown::HashMap::new(),
         ids: HashMap::new(),
-        cache: HashMap::new(),
+        cache: Cache::default(),
         published_ms: i64::MIN,
         expired_ms: 0,
     });
@@ -56,14 +73,37 @@ fn key(vm: u64) -> String {
     format!("epp.v1.metrics.{vm}")
 }
 
+/// The cache key of a series: the metric's name by address (a constant's, so the same
+/// call site always gives the same one; another address only costs a second entry for
+/// the same series), and its raw label values.
 fn hash(metric: &Metric, values: &[&str]) -> u64 {
     let mut h = ahash::AHasher::default();
-    metric.name.hash(&mut h);
+    h.write_usize(metric.name.as_ptr() as usize);
     for v in values {
         v.hash(&mut h);
     }
     h.finish()
 }
+
+/// The cache's keys are hashes already.
+#[derive(Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Cache = hashbrown::HashMap<u64, Resolved, std::hash::BuildHasherDefault<Identity>>;
 
 /// Runs `f` with the metrics state, the series' slot in the recorder and this VM's
 /// Envoy stat id for the (capped) labels.
@@ -76,7 +116,7 @@ fn with(metric: &'static Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slo
         let stats = &mut *stats;
         let h = hash(metric, values);
         if let Some(r) = stats.cache.get(&h) {
-            let same = r.metric == metric.name
+            let same = std::ptr::eq(r.metric, metric.name)
                 && r.values.len() == values.len()
                 && r.values.iter().zip(values).all(|(a, b)| a == b);
             if same {
@@ -138,9 +178,8 @@ pub fn add(metric: &'static Metric, values: &[&str], delta: i64) {
     with(metric, values, |stats, slot, id| {
         stats.recorder.add_at(slot, metric, delta);
         if let Some(id) = id {
-            if let Err(status) = host::increment_metric(id, delta) {
-                log::warn!("cannot update metric {}: status {status}", metric.name);
-            }
+            let p = stats.pending.entry(id).or_default();
+            p.delta = p.delta.saturating_add(delta);
         }
     });
 }
@@ -171,9 +210,13 @@ pub fn set_value(metric: &'static Metric, values: &[&str], value: f64) {
     with(metric, values, |stats, slot, id| {
         stats.recorder.set_at(slot, value, now);
         if let Some(id) = id {
-            if let Err(status) = host::record_metric(id, raw) {
-                log::warn!("cannot record metric {}: status {status}", metric.name);
-            }
+            stats.pending.insert(
+                id,
+                Pending {
+                    set: Some(raw),
+                    delta: 0,
+                },
+            );
         }
     });
 }
@@ -188,6 +231,28 @@ pub fn observe(metric: &'static Metric, values: &[&str], value: u64) {
             }
         }
     });
+}
+
+/// Makes the counter and gauge updates since the last call in Envoy's stats (at a
+/// request's end and on the tick): one host call per stat that changed.
+pub fn flush() {
+    let pending: Vec<(u32, Pending)> = STATS.with(|cell| {
+        cell.try_borrow_mut()
+            .map(|mut stats| stats.pending.drain().collect())
+            .unwrap_or_default()
+    });
+    for (id, p) in pending {
+        if let Some(value) = p.set {
+            if let Err(status) = host::record_metric(id, value) {
+                log::warn!("cannot set metric {id}: status {status}");
+            }
+        }
+        if p.delta != 0 {
+            if let Err(status) = host::increment_metric(id, p.delta) {
+                log::warn!("cannot update metric {id}: status {status}");
+            }
+        }
+    }
 }
 
 /// Publishes this VM's record if [`PUBLISH_MS`] passed since the last time (or `force`).

@@ -13,9 +13,9 @@ use crate::prefix::index::PrefixIndex;
 use crate::prefix::shared::Cursor;
 use crate::runtime::Runtime;
 use crate::shared_store::update;
+use hashbrown::HashMap;
 use prost::Message;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 
 /// Shared-data key of the counter that hands out VM ids.

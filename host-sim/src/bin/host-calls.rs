@@ -3,7 +3,7 @@
 //! deterministic (virtual time, the real release `.wasm`), so a change that adds a host
 //! call shows as a number, not as noise.
 //!
-//! `cargo run --release -p host-sim --bin host-calls -- [--flow-control] [--stream]
+//! `[HOST_SIM_FUEL=1] cargo run --release -p host-sim --bin host-calls -- [--flow-control] [--stream]
 //!  [--tokens N] [--prompt-kib K] [--queued Q] [--requests N] [--rate R] [--fields]
 //!  [--config JSON] [--wasm PATH]` (`--fields`: the size of the shared records mid-run, by
 //!  field; `--wasm`: another build of the filter, e.g. to compare before and after a change)
@@ -13,7 +13,8 @@
 //! difference divided by N is what a request costs (ticks, scrapes and lease renewals
 //! cancel out). `--queued Q` first parks Q requests behind a full pool (flow control,
 //! `maxConcurrency` 1 per server, long responses) so the per-request shared-data bytes
-//! show how the flow-control record grows with the backlog.
+//! show how the flow-control record grows with the backlog. With `HOST_SIM_FUEL=1` each
+//! callback's row also gives the wasm instructions the module ran in it, per request.
 
 use host_sim::world::upstream::Upstream;
 use host_sim::{ms, RequestSpec, Sim, SimConfig, SimpleUpstream, SEC};
@@ -89,7 +90,8 @@ fn config(a: &Args) -> Value {
     c
 }
 
-type Counts = BTreeMap<String, (u64, u64)>;
+/// By name: calls, bytes, wasm instructions (fuel; 0 unless `HOST_SIM_FUEL=1`).
+type Counts = BTreeMap<String, (u64, u64, u64)>;
 
 /// Counts after `requests` measured requests (and the backlog), run to `end`: by call
 /// name, and by shared-data operation and key.
@@ -145,36 +147,47 @@ fn run(a: &Args, requests: usize, end: u64) -> anyhow::Result<(Counts, Counts)> 
     let by_name = counts
         .by_name
         .into_iter()
-        .map(|(n, c)| (n.to_string(), (c.calls, c.bytes)))
+        .map(|(n, c)| (n.to_string(), (c.calls, c.bytes, c.fuel)))
         .collect();
     let by_key = counts
         .shared_keys
         .into_iter()
-        .map(|((op, key), c)| (format!("{op} {key}"), (c.calls, c.bytes)))
+        .map(|((op, key), c)| (format!("{op} {key}"), (c.calls, c.bytes, 0)))
         .collect();
     Ok((by_name, by_key))
 }
 
 /// Prints `with − without`, per request; returns the total calls of the rows matching
-/// `callback` and of the others.
-fn table(with: &Counts, without: &Counts, n: f64, heading: &str) -> (f64, f64) {
-    println!("{heading:<40} {:>10} {:>14}", "calls", "bytes");
-    let (mut others, mut callbacks) = (0.0, 0.0);
-    for (name, (calls, bytes)) in with {
-        let (c0, b0) = without.get(name).copied().unwrap_or((0, 0));
+/// `callback` and of the others, and the wasm instructions of the callbacks.
+fn table(with: &Counts, without: &Counts, n: f64, heading: &str) -> (f64, f64, f64) {
+    let fuel_on = host_sim::host::module::counting_fuel();
+    let fuel_heading = if fuel_on { "instructions" } else { "" };
+    println!(
+        "{heading:<40} {:>10} {:>14} {fuel_heading:>14}",
+        "calls", "bytes"
+    );
+    let (mut others, mut callbacks, mut instructions) = (0.0, 0.0, 0.0);
+    for (name, (calls, bytes, fuel)) in with {
+        let (c0, b0, f0) = without.get(name).copied().unwrap_or((0, 0, 0));
         let calls = calls.saturating_sub(c0) as f64 / n;
         let bytes = bytes.saturating_sub(b0) as f64 / n;
-        if calls < 0.005 && bytes < 0.5 {
+        let fuel = fuel.saturating_sub(f0) as f64 / n;
+        if calls < 0.005 && bytes < 0.5 && fuel < 0.5 {
             continue;
         }
         if name.starts_with("proxy_on_") {
             callbacks += calls;
+            instructions += fuel;
         } else {
             others += calls;
         }
-        println!("{name:<40} {calls:>10.2} {bytes:>14.0}");
+        if fuel_on && name.starts_with("proxy_on_") {
+            println!("{name:<40} {calls:>10.2} {bytes:>14.0} {fuel:>14.0}");
+        } else {
+            println!("{name:<40} {calls:>10.2} {bytes:>14.0}");
+        }
     }
-    (others, callbacks)
+    (others, callbacks, instructions)
 }
 
 /// A protobuf record's top-level fields: per tag, how many and how many bytes.
@@ -240,9 +253,16 @@ fn main() -> anyhow::Result<()> {
         a.tokens,
         a.prompt_kib
     );
-    let (host, callbacks) = table(&with.0, &without.0, n, "call (bytes: copied into the VM)");
+    let (host, callbacks, instructions) =
+        table(&with.0, &without.0, n, "call (bytes: copied into the VM)");
     println!("{:<40} {host:>10.2}", "= host calls");
     println!("{:<40} {callbacks:>10.2}", "= callbacks (VM entries)");
+    if host_sim::host::module::counting_fuel() {
+        println!(
+            "{:<40} {instructions:>10.0}",
+            "= wasm instructions in callbacks"
+        );
+    }
     println!();
     table(
         &with.1,

@@ -12,6 +12,9 @@ pub struct Count {
     pub calls: u64,
     /// Bytes the host copied into the VM's memory for these calls.
     pub bytes: u64,
+    /// Wasm instructions the module ran in these callbacks (`HOST_SIM_FUEL=1` only; a
+    /// callback's count includes the allocations the host asked of it meanwhile).
+    pub fuel: u64,
 }
 
 /// Counts by import or export name.
@@ -33,6 +36,11 @@ impl CallCounts {
     /// `bytes` copied into the VM for the current call of `name`.
     pub fn bytes(&mut self, name: &'static str, bytes: u64) {
         self.by_name.entry(name).or_default().bytes += bytes;
+    }
+
+    /// `fuel` units the module ran in the current callback `name`.
+    pub fn fuel(&mut self, name: &'static str, fuel: u64) {
+        self.by_name.entry(name).or_default().fuel += fuel;
     }
 
     /// One shared-data `op` (`get` or `set`) of `bytes` on `key`.

@@ -28,8 +28,29 @@ fn engine() -> &'static Engine {
     ENGINE.get_or_init(|| {
         let mut c = Config::new();
         c.wasm_backtrace_max_frames(std::num::NonZeroUsize::new(64));
+        if counting_fuel() {
+            c.consume_fuel(true);
+        }
+        #[cfg(feature = "profiling")]
+        if perf_map() {
+            c.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         Engine::new(&c).unwrap_or_else(|e| panic!("wasmtime engine: {e}"))
     })
+}
+
+/// `HOST_SIM_FUEL=1`: every callback's wasm instructions are counted (wasmtime fuel: about
+/// one unit per instruction executed; `memory.copy`/`memory.fill` count once whatever their
+/// length). Off by default: the fuel checks slow every run a little.
+pub fn counting_fuel() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("HOST_SIM_FUEL").is_some_and(|v| v != "0"))
+}
+
+/// `HOST_SIM_PERF_MAP=1` (with the `profiling` feature): the compiled module's functions
+/// are written to `/tmp/perf-PID.map` so `perf report` names them.
+fn perf_map() -> bool {
+    cfg!(feature = "profiling") && std::env::var_os("HOST_SIM_PERF_MAP").is_some_and(|v| v != "0")
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
@@ -61,12 +82,18 @@ pub fn load(path: &Path) -> Result<Arc<Compiled>> {
     }
     let engine = engine().clone();
     let cwasm = path.with_extension(format!(
-        "{hash:016x}.{}.host-sim.cwasm",
-        if cfg!(debug_assertions) { "dbg" } else { "rel" }
+        "{hash:016x}.{}{}.host-sim.cwasm",
+        if cfg!(debug_assertions) { "dbg" } else { "rel" },
+        if counting_fuel() { ".fuel" } else { "" }
     ));
     // SAFETY: the file is one this function wrote with `Module::serialize` for this engine
     // configuration; wasmtime checks the version and settings and refuses a mismatch.
-    let cached = unsafe { Module::deserialize_file(&engine, &cwasm) }.ok();
+    // Profiling compiles afresh, so the profiler sees the code being made.
+    let cached = if perf_map() {
+        None
+    } else {
+        unsafe { Module::deserialize_file(&engine, &cwasm) }.ok()
+    };
     let module = match cached {
         Some(m) => m,
         None => {

@@ -419,6 +419,9 @@ impl Vm {
             anyhow::bail!("the module exports no proxy_abi_version_* function");
         }
         let mut store = Store::new(engine, state);
+        if super::module::counting_fuel() {
+            store.set_fuel(u64::MAX / 4)?;
+        }
         let instance: Instance = block_on(linker.instantiate_async(&mut store, module))?;
         let memory = instance
             .get_memory(&mut store, "memory")
@@ -470,10 +473,23 @@ impl Vm {
     }
 
     async fn invoke_ref(&mut self, cb: Callback) -> wasmtime::Result<i32> {
-        if self.exports.has(&cb) {
+        if !self.exports.has(&cb) {
             // As Envoy, a callback the module does not export is skipped: no VM entry.
-            lock(&self.store.data().calls).call(cb.name());
+            return self.dispatch(cb).await;
         }
+        lock(&self.store.data().calls).call(cb.name());
+        if !super::module::counting_fuel() {
+            return self.dispatch(cb).await;
+        }
+        const FULL: u64 = u64::MAX / 4;
+        self.store.set_fuel(FULL)?;
+        let r = self.dispatch(cb).await;
+        let used = FULL.saturating_sub(self.store.get_fuel().unwrap_or(FULL));
+        lock(&self.store.data().calls).fuel(cb.name(), used);
+        r
+    }
+
+    async fn dispatch(&mut self, cb: Callback) -> wasmtime::Result<i32> {
         let s = &mut self.store;
         let b = |x: bool| i32::from(x);
         let i = |x: u32| x as i32;

@@ -42,41 +42,57 @@ def phases(o):
 
 
 def start_sides(o, procs, sims):
-    """{side name: (url, extra loadgen arguments)} in the order they are reported."""
-    sides = {"direct": (",".join(sims), [])}
+    """{side name: (url, extra loadgen arguments, proxy PID or None)} in the order they are
+    reported."""
+    sides = {"direct": (",".join(sims), [], None)}
     envoy = start_envoy(procs, "nofilter", sims, o.workers, "envoy-nofilter")
-    sides["envoy"] = (envoy.url, ["--destinations", ",".join(sims), "--destination-header", envoy.header])
-    sides["envoy+filter"] = (start_envoy(procs, "filter", sims, o.workers, "envoy-filter").url, [])
+    sides["envoy"] = (envoy.url, ["--destinations", ",".join(sims), "--destination-header", envoy.header],
+                      envoy.proc.pid)
+    e = start_envoy(procs, "filter", sims, o.workers, "envoy-filter")
+    sides["envoy+filter"] = (e.url, [], e.proc.pid)
     if o.candidate:
         c = o.candidate
-        url = start_envoy(procs, "filter", sims, o.workers, "envoy-candidate", c.render, c.wasm).url
-        sides["envoy+filter (candidate)"] = (url, [])
+        e = start_envoy(procs, "filter", sims, o.workers, "envoy-candidate", c.render, c.wasm)
+        sides["envoy+filter (candidate)"] = (e.url, [], e.proc.pid)
     if o.sglang:
         for pol in ("cache_aware", "round_robin"):
-            sides[f"sglang {pol}"] = (start_sglang(procs, pol, sims, f"sglang-{pol}"), [])
+            url = start_sglang(procs, pol, sims, f"sglang-{pol}")
+            sides[f"sglang {pol}"] = (url, [], procs.procs[-1].pid)
     return sides
+
+
+def cpu_seconds(pid):
+    """User + system CPU time a process has used (its threads included), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(o, procs, sides):
     """Runs every phase on every side, `rounds` times, rotating the side order each round;
     {(side, phase): {"records", "ok", "failed", "elapsed"}} pooled over the rounds."""
     names = list(sides)
-    results = {(s, ph): {"records": [], "ok": 0, "elapsed": 0.0, "failed": 0}
+    results = {(s, ph): {"records": [], "ok": 0, "elapsed": 0.0, "failed": 0, "cpu": 0.0}
                for s in names for ph, _ in phases(o)}
     rdir = tempfile.mkdtemp(prefix="records-", dir=procs.workdir)
     for rnd in range(o.rounds):
         order = names[rnd % len(names):] + names[:rnd % len(names)]
         for ph, ph_args in phases(o):
             for s in order:
-                url, extra = sides[s]
+                url, extra, pid = sides[s]
                 rec = os.path.join(rdir, f"{rnd}-{ph}-{s.replace(' ', '_')}.jsonl")
                 args = ["--url", url, *extra, *SHAPE, *ph_args,
                         "--duration", f"{o.seconds}s", "--timeout", "10s", "--warmup", str(WARMUP_REQUESTS),
                         "--seed", str(rnd + 1), "--records", rec]
                 if ph == "sat":
                     args += ["--threads", "1"]
+                cpu0 = cpu_seconds(pid) if pid else 0.0
                 summary = loadgen(args, f"overhead {ph} {s}", o.seconds + 60)
                 r = results[(s, ph)]
+                if pid:
+                    # Includes the warm-up requests: counted in the division below.
+                    r["cpu"] += cpu_seconds(pid) - cpu0
+                    r["cpu_requests"] = r.get("cpu_requests", 0) + summary["requests"]["ok"] + WARMUP_REQUESTS
                 r["records"] += [x for x in read_records(rec) if x["status"] == 200 and not x["error"]]
                 r["ok"] += summary["requests"]["ok"]
                 r["failed"] += summary["requests"]["failed"]
@@ -98,6 +114,14 @@ def throughput(results, side):
     return sat["ok"] / max(sat["elapsed"], 1e-9)
 
 
+def cpu_per_request(results, side):
+    """The proxy process's CPU time per request in the saturation phase, in µs (None for
+    the direct side): what the proxy costs, whatever else the machine runs."""
+    sat = results[(side, "sat")]
+    n = sat.get("cpu_requests", 0)
+    return 1e6 * sat["cpu"] / n if n else None
+
+
 def main_table(o, results, names):
     """One row per side: latency, added latency, TTFT, saturation throughput and ratios."""
     base = latency(results, "direct", "c1")
@@ -109,6 +133,8 @@ def main_table(o, results, names):
         t50, t99 = latency(results, s, "c1-stream", "ttft_ms")
         n50, _ = latency(results, s, "c1-stream-newconn", "ttft_ms")
         rps = throughput(results, s)
+        cpu = cpu_per_request(results, s)
+        env_cpu = cpu_per_request(results, "envoy")
         failed = sum(results[(s, ph)]["failed"] for ph, _ in phases(o))
         rows.append([
             s, fmt(p50, 3), fmt(p99, 3),
@@ -116,11 +142,13 @@ def main_table(o, results, names):
             fmt(p99 - base[1], 3) if p99 is not None else "–",
             fmt(t50, 3), fmt(t99, 3), fmt(n50, 3),
             f"{rps:.0f}", f"{rps / base_rps:.2f}" if base_rps else "–", f"{rps / env_rps:.2f}" if env_rps else "–",
+            fmt(cpu, 1) if cpu is not None else "–",
+            fmt(cpu - env_cpu, 1) if cpu is not None and env_cpu is not None and s.startswith("envoy+") else "–",
             failed,
         ])
     headers = ["side", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "TTFT p50 ms (keep-alive)",
                "TTFT p99 ms", "TTFT p50 ms (new conn)", f"req/s at c={o.saturation_concurrency}",
-               "÷ direct", "÷ envoy", "failed"]
+               "÷ direct", "÷ envoy", "proxy CPU µs/request", "added to Envoy's", "failed"]
     return table(headers, rows)
 
 
@@ -156,7 +184,10 @@ def run(o, procs):
         f"alternating (rotated order each round), {WARMUP_REQUESTS} warm-up requests before each measurement, "
         "percentiles over the pooled requests of all rounds. Requests: `/v1/completions`, 80-token prompts "
         "(8 groups × 8), 16 output tokens; `loadgen` keep-alive with TCP_NODELAY, one client thread. "
-        "Added = side − direct.",
+        "Added = side − direct. Proxy CPU µs/request: the proxy process's user + system time "
+        "(/proc/PID/stat, all its threads) over the saturation phase's requests, warm-up included; "
+        "unlike latency and throughput it hardly depends on what else the machine runs. "
+        "Added to Envoy's: a filter side's CPU per request minus plain Envoy's.",
     ]
     if o.candidate:
         notes.append(o.candidate.note())
