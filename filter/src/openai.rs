@@ -48,13 +48,15 @@ pub enum Api {
 impl Api {
     /// Classifies a request path; the query string is ignored.
     pub fn from_path(path: &str) -> Api {
-        let path = path.split('?').next().unwrap_or(path).trim_end_matches('/');
-        let last = path.rsplit('/').next().unwrap_or(path);
-        // Segments compared, not substrings searched (this runs on every request).
-        let prefixed = |name: &str| path.split('/').any(|s| s.starts_with(name));
+        // Byte-wise segment checks, not substring searches: this runs on every request.
+        let path = path.split_once('?').map_or(path, |(p, _)| p).trim_end_matches('/');
+        let last = path.rsplit_once('/').map_or(path, |(_, l)| l);
+        let segments = || path.as_bytes().split(|b| *b == b'/');
+        let prefixed = |name: &str| segments().any(|s| s.starts_with(name.as_bytes()));
+        let count = segments().count();
         if path.ends_with("/chat/completions") {
             Api::ChatCompletions
-        } else if path.split('/').rev().skip(1).any(|s| s == "audio") {
+        } else if segments().take(count.saturating_sub(1)).any(|s| s == b"audio") {
             Api::Audio
         } else if prefixed("conversations") {
             Api::Conversations
