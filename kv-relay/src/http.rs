@@ -46,27 +46,9 @@ fn respond(status: u16, content_type: &str, body: String) -> Response<Full<Bytes
     r
 }
 
-/// `epoch` and `since` of the query, when both are there and numeric.
-fn client_version(query: Option<&str>) -> Result<Option<(u64, u64)>, String> {
-    let (mut epoch, mut since) = (None, None);
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let n = || {
-            v.parse::<u64>()
-                .map_err(|_| format!("{k}: not an unsigned integer: {v:?}"))
-        };
-        match k {
-            "epoch" => epoch = Some(n()?),
-            "since" => since = Some(n()?),
-            _ => {}
-        }
-    }
-    Ok(epoch.zip(since))
-}
-
 fn handle(relay: &Mutex<Relay>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
-        (&Method::GET, "/v1/kv/state") => match client_version(req.uri().query()) {
+        (&Method::GET, "/v1/kv/state") => match crate::state::client_version(req.uri().query()) {
             Ok(v) => respond(200, "application/json", lock(relay).view(v).to_string()),
             Err(e) => respond(
                 400,
@@ -153,20 +135,4 @@ fn metrics(r: &Relay) -> String {
         );
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn query_parsing() {
-        assert_eq!(client_version(None).unwrap(), None);
-        assert_eq!(
-            client_version(Some("epoch=3&since=9")).unwrap(),
-            Some((3, 9))
-        );
-        assert_eq!(client_version(Some("since=9")).unwrap(), None);
-        assert!(client_version(Some("epoch=x&since=1")).is_err());
-    }
 }

@@ -296,7 +296,9 @@ impl Relay {
             Some(since) => {
                 let mut per: Vec<(bool, HashSet<u64>, HashSet<u64>)> =
                     vec![(false, HashSet::new(), HashSet::new()); self.servers.len()];
-                for (_, s, change) in self.log.iter().filter(|(v, _, _)| *v > since) {
+                // Versions in the log increase: skip to the first after `since`.
+                let first = self.log.partition_point(|(v, _, _)| *v <= since);
+                for (_, s, change) in self.log.range(first..) {
                     let Some((clear, add, remove)) = per.get_mut(*s) else {
                         continue;
                     };
@@ -336,6 +338,25 @@ impl Relay {
             "servers": servers,
         })
     }
+}
+
+/// `epoch` and `since` of a `GET /v1/kv/state` query string, when both are there and
+/// numeric (the client for [`Relay::view`]); an error names a malformed one.
+pub fn client_version(query: Option<&str>) -> Result<Option<(u64, u64)>, String> {
+    let (mut epoch, mut since) = (None, None);
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let n = || {
+            v.parse::<u64>()
+                .map_err(|_| format!("{k}: not an unsigned integer: {v:?}"))
+        };
+        match k {
+            "epoch" => epoch = Some(n()?),
+            "since" => since = Some(n()?),
+            _ => {}
+        }
+    }
+    Ok(epoch.zip(since))
 }
 
 fn server_json(sv: &Server, clear: bool, add: &[u64], remove: &[u64]) -> Value {
@@ -505,5 +526,16 @@ mod tests {
         assert_eq!(now["full"], false);
         assert_eq!(now["servers"][1]["add"], json!([]));
         assert_eq!(now["servers"][0]["stale"], true, "not heard yet");
+    }
+
+    #[test]
+    fn query_parsing() {
+        assert_eq!(client_version(None).unwrap(), None);
+        assert_eq!(
+            client_version(Some("epoch=3&since=9")).unwrap(),
+            Some((3, 9))
+        );
+        assert_eq!(client_version(Some("since=9")).unwrap(), None);
+        assert!(client_version(Some("epoch=x&since=1")).is_err());
     }
 }

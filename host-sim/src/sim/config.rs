@@ -32,6 +32,9 @@ pub struct SimConfig {
     /// each with its own VMs, shared data, queues, stats and workers; clients' connections
     /// are spread over them as a Kubernetes Service spreads connections. 1 by default.
     pub replicas: usize,
+    /// When each replica's VMs start (by replica; missing ones at 0): a gateway pod started
+    /// (or restarted) mid-run, its shared data empty. Send it requests only after that.
+    pub replica_start: Vec<Nanos>,
     /// The filter module.
     pub wasm: PathBuf,
     /// The plugin configuration (`on_configure`).
@@ -103,6 +106,7 @@ impl SimConfig {
             seed: 1,
             workers: 2,
             replicas: 1,
+            replica_start: Vec::new(),
             wasm: module::default_wasm_path(),
             plugin_config: plugin_config.to_string(),
             vm_config: String::new(),

@@ -19,11 +19,13 @@
 //! | `response_path` | the response through the filter's callbacks, local replies, the client's view |
 //! | `stream_end` | final outcomes, deferred deletion, resets, disconnects, the idle timeout |
 //! | `upstreams` | requests at the model servers, servers coming and going |
+//! | `kv_relay` | the KV-event relay's callouts ([`Sim::add_kv_relay`]) |
 //! | `checks` | invariants and the end-of-run checks |
 
 mod checks;
 mod config;
 mod events;
+mod kv_relay;
 mod process;
 mod request_path;
 mod response_path;
@@ -146,14 +148,15 @@ impl Sim {
         // main thread and the workers follow on their threads, in no fixed order.
         for r in 0..sim.cfg.replicas {
             let base = r * per;
+            let t0 = sim.cfg.replica_start.get(r).copied().unwrap_or(0);
             sim.push(
-                0,
+                t0,
                 Ev::VmStart {
                     slot: base + SLOT_BASE,
                 },
             );
             for slot in base + SLOT_MAIN..base + per {
-                let at = 1 + sim.rng.below(sim.cfg.vm_start_jitter.max(1));
+                let at = t0 + 1 + sim.rng.below(sim.cfg.vm_start_jitter.max(1));
                 sim.push(at, Ev::VmStart { slot });
             }
         }

@@ -83,6 +83,8 @@ pub(super) struct Upstreams {
     pub(super) emit_buf: Vec<Emit>,
     /// A stand-in balancer that routes instead of the filter ([`Sim::set_balancer`]).
     pub(super) balancer: Option<Box<dyn Balancer>>,
+    /// The KV-event relay the servers publish to ([`Sim::add_kv_relay`]).
+    pub(super) kv_relay: Option<crate::world::kv_relay::WorldRelay>,
 }
 
 impl Sim {
@@ -243,6 +245,9 @@ impl Sim {
                 if let Some(&i) = self.upstreams.by_addr.get(&addr) {
                     self.upstreams.endpoints[i].upstream = up;
                     self.upstreams.endpoints[i].up = true;
+                    if let Some(relay) = self.upstreams.kv_relay.as_mut() {
+                        relay.restarted(&addr);
+                    }
                 } else {
                     self.add_endpoint(&addr, up);
                 }

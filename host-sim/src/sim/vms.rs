@@ -356,6 +356,10 @@ impl Sim {
                     );
                 }
                 let rtt = self.cfg.network.upstream.draw(&mut self.rng) * 2;
+                if let Some(resp) = self.kv_relay_callout(&cluster, &headers) {
+                    self.push(self.now + rtt, Ev::CalloutDone { vm, token, resp });
+                    return;
+                }
                 let ep = dst
                     .as_ref()
                     .and_then(|d| self.upstreams.by_addr.get(d).copied());

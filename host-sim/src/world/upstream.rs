@@ -84,6 +84,24 @@ pub trait Upstream {
     fn metrics(&mut self, now: Nanos) -> String;
     /// Changes the server's condition (slowed, failing, healthy).
     fn set_condition(&mut self, _now: Nanos, _condition: Condition) {}
+    /// The KV-cache events published since the last call (vLLM's `--kv-events-config`),
+    /// for the world's relay ([`crate::world::kv_relay`]); `None` for a server that does
+    /// not publish.
+    fn take_kv_events(&mut self) -> Option<KvPublished> {
+        None
+    }
+}
+
+/// KV-cache events a server published ([`Upstream::take_kv_events`]).
+#[derive(Debug, Clone, Default)]
+pub struct KvPublished {
+    /// The served model name (the relay's key root when an event names no LoRA).
+    pub model: String,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// One batch per engine step that changed the cache, with the virtual time it left
+    /// the server (the step's end), in order.
+    pub batches: Vec<(Nanos, Vec<vllm_sim::engine::kv_cache::KvEvent>)>,
 }
 
 /// Settings of a [`SimpleUpstream`].

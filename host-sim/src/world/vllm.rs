@@ -21,7 +21,7 @@
 //! `Duration::from_nanos(t)`: the engine's epoch is the start of the run.
 
 use super::clock::{Nanos, EPOCH_NANOS, SEC};
-use super::upstream::{Condition, Emit, Upstream, UpstreamRequest};
+use super::upstream::{Condition, Emit, KvPublished, Upstream, UpstreamRequest};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
@@ -56,6 +56,9 @@ pub struct VllmConfig {
     pub failures: FailureConfig,
     /// Larger request bodies get 413 (`--max-request-body-size-mb`).
     pub max_request_body_bytes: usize,
+    /// Publish KV-cache events (`--kv-events-config` with `enable_kv_cache_events`), for
+    /// the world's relay ([`Upstream::take_kv_events`]).
+    pub kv_events: bool,
 }
 
 impl VllmConfig {
@@ -69,6 +72,7 @@ impl VllmConfig {
             metrics: MetricsOptions::default(),
             failures: FailureConfig::default(),
             max_request_body_bytes: 4 << 20,
+            kv_events: false,
         }
     }
 
@@ -115,6 +119,13 @@ impl VllmConfig {
     /// `--model`: the model name (responses, `model_name` label, block-hash seed).
     pub fn model(mut self, name: &str) -> Self {
         self.engine.model = name.to_string();
+        self
+    }
+
+    /// Publishing KV-cache events (`--kv-events-config`): each engine step's
+    /// `BlockStored` / `BlockRemoved` / `AllBlocksCleared`, for the world's relay.
+    pub fn kv_events(mut self, on: bool) -> Self {
+        self.kv_events = on;
         self
     }
 
@@ -171,6 +182,8 @@ pub struct VllmUpstream {
     next_request: u64,
     /// Unix seconds of the server's start (virtual epoch).
     created: u64,
+    /// KV-event batches not taken yet (when publishing), with their step's end.
+    kv_published: Option<Vec<(Nanos, Vec<vllm_sim::engine::kv_cache::KvEvent>)>>,
 }
 
 fn engine_time(t: Nanos) -> Duration {
@@ -205,11 +218,16 @@ impl VllmUpstream {
             .address
             .rsplit_once(':')
             .map_or_else(String::new, |(_, p)| p.to_string());
+        let mut engine = Engine::new(cfg.engine.clone());
+        if cfg.kv_events {
+            engine.enable_kv_events();
+        }
         VllmUpstream {
             aliases: cfg.served_model_names.clone(),
             model,
             port,
-            engine: Engine::new(cfg.engine.clone()),
+            engine,
+            kv_published: cfg.kv_events.then(Vec::new),
             base_latency: cfg.engine.latency.clone(),
             failing: None,
             // As the server's rank 0 seeds its failure draws.
@@ -308,11 +326,16 @@ impl VllmUpstream {
             let Some(t) = self.next_step().filter(|t| *t <= limit) else {
                 return;
             };
-            let Some(step) = self.engine.step(t) else {
+            let Some(mut step) = self.engine.step(t) else {
                 self.stalled_at = Some(t);
                 continue;
             };
             self.stalled_at = None;
+            if let Some(published) = self.kv_published.as_mut() {
+                if !step.kv_events.is_empty() {
+                    published.push((nanos(step.ends_at), std::mem::take(&mut step.kv_events)));
+                }
+            }
             self.deliver(nanos(step.ends_at), step.events);
         }
         panic!(
@@ -677,6 +700,15 @@ impl Upstream for VllmUpstream {
         }
         self.stalled_at = None;
     }
+
+    fn take_kv_events(&mut self) -> Option<KvPublished> {
+        let batches = std::mem::take(self.kv_published.as_mut()?);
+        Some(KvPublished {
+            model: self.model.clone(),
+            block_size: self.engine.config().block_size,
+            batches,
+        })
+    }
 }
 
 /// A shared server ([`VllmUpstream::shared`]) is driven through any of its handles.
@@ -703,5 +735,9 @@ impl Upstream for Rc<RefCell<VllmUpstream>> {
 
     fn set_condition(&mut self, now: Nanos, condition: Condition) {
         self.borrow_mut().set_condition(now, condition);
+    }
+
+    fn take_kv_events(&mut self) -> Option<KvPublished> {
+        self.borrow_mut().take_kv_events()
     }
 }

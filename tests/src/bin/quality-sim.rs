@@ -18,6 +18,20 @@
 //! connections instead). The stand-in balancers keep one state for all replicas (their
 //! per-worker cursors are per replica's worker), which flatters them at R > 1.
 //!
+//! A side `filter=FILE` runs the filter with the plugin configuration in FILE (labelled by
+//! the file's name), so several configurations run side by side on the same requests; the
+//! three prefix-cache methods, for example:
+//! `--sides filter=scripts/lib/bench/prefix-feedback-off.json,filter=scripts/lib/bench/prefix-feedback-on.json,filter=scripts/lib/bench/prefix-kv-events.json`.
+//! When a side's configuration has `precise-prefix-cache-scorer`, the servers publish their
+//! KV-cache events and host-sim runs `kv-relay`'s state beside them (events applied
+//! `--kv-event-lag-ms` after the engine step that produced them), answering the filter's
+//! polls on `relayCluster`.
+//!
+//! `--cold-gateway true`: the warm-up traffic goes through one gateway and the measured
+//! traffic through another that starts (empty: no prefix index, no relay state) just
+//! before the measured window, as a gateway pod restarted while the servers' caches are
+//! warm (table column "replicas": `1 (cold)`).
+//!
 //! Each (replicas, side, QPS) is a fresh world: `--warmup` seconds of arrivals at that QPS, then
 //! `--seconds` measured; every side gets the identical request sequence and arrival
 //! times. Reported over the requests sent in the measured window: TTFT p50/p90/p99, ITL
@@ -29,7 +43,7 @@
 //! control shows how far the pool-wide bound exceeds the configured one. Everything is a
 //! function of `--seed`; the wall time of each run is printed too. For the filter, also
 //! its prefix index against the servers (cached-token feedback's counters over the window,
-//! of the first replica): prompt tokens it predicted cached on the chosen server ÷ the
+//! summed over the replicas the measured traffic goes through): prompt tokens it predicted cached on the chosen server ÷ the
 //! tokens the servers reported cached, and the share of requests whose prediction held
 //! within the feedback's tolerance (`--filter-config` with `cachedTokensFeedback: false`
 //! measures the uncorrected index).
@@ -38,6 +52,7 @@
 
 use host_sim::host::vm::Cluster;
 use host_sim::world::balancers::{Balancer, CacheAware, LeastRequest, RoundRobin};
+use host_sim::world::kv_relay::KvRelayConfig;
 use host_sim::{Final, Nanos, RequestSpec, Sim, SimConfig, VllmConfig, VllmUpstream, MS, SEC};
 use serde_json::{json, Value};
 use std::cell::RefCell;
@@ -53,7 +68,8 @@ const HELP: &str = "quality-sim: routing quality in virtual time (host-sim + vll
   --qps A,B,C            QPS steps [16,32,48]
   --seconds S            measured seconds per step [30]
   --warmup S             seconds of the same load before measuring [15]
-  --sides LIST           filter,round_robin,least_request,cache_aware [all four]
+  --sides LIST           filter,round_robin,least_request,cache_aware [all four]; also
+                         filter=FILE: the filter with FILE's configuration (several may run)
   --groups N             shared-prefix groups [128]
   --prompts-per-group N  [16]
   --system-prompt-len N  tokens shared by a group [1024]
@@ -66,6 +82,9 @@ const HELP: &str = "quality-sim: routing quality in virtual time (host-sim + vll
   --replicas A,B,C       gateway replicas (independent Envoys) in front of the pool [1]
   --clients N            keep-alive client connections, requests spread round robin over
                          them; 0 = a new connection per request [0]
+  --kv-event-lag-ms MS   a step's KV events reach the relay's state this much later [5]
+  --cold-gateway B       [false] measured traffic through a gateway started (empty) at the
+                         end of the warm-up; the warm-up's through another
   --filter-config FILE   the filter's plugin configuration (JSON); pool.endpoints is set
                          to the simulated servers [default profile]
   --wasm FILE            the filter module [target/wasm32-wasip1/release/epp_filter.wasm]
@@ -88,6 +107,10 @@ struct Args {
     replicas: Vec<usize>,
     clients: u64,
     filter_config: Value,
+    /// `filter=FILE` sides: their configurations.
+    side_configs: BTreeMap<String, Value>,
+    kv_event_lag: Nanos,
+    cold_gateway: bool,
     wasm: Option<std::path::PathBuf>,
     seed: u64,
     json: Option<String>,
@@ -117,6 +140,9 @@ fn parse_args() -> anyhow::Result<Args> {
         replicas: vec![1],
         clients: 0,
         filter_config: json!({}),
+        side_configs: BTreeMap::new(),
+        kv_event_lag: 5 * MS,
+        cold_gateway: false,
         wasm: None,
         seed: 1,
         json: None,
@@ -165,6 +191,11 @@ fn parse_args() -> anyhow::Result<Args> {
                 let text = std::fs::read_to_string(&v).map_err(|e| bad(&e))?;
                 a.filter_config = serde_json::from_str(&text).map_err(|e| bad(&e))?;
             }
+            "--kv-event-lag-ms" => {
+                a.kv_event_lag =
+                    (v.parse::<f64>().map_err(|e| bad(&e))? * MS as f64).max(0.0) as Nanos
+            }
+            "--cold-gateway" => a.cold_gateway = v.parse().map_err(|e| bad(&e))?,
             "--wasm" => a.wasm = Some(v.into()),
             "--seed" => a.seed = v.parse().map_err(|e| bad(&e))?,
             "--check-invariants" => a.check_invariants = v.parse().map_err(|e| bad(&e))?,
@@ -173,11 +204,23 @@ fn parse_args() -> anyhow::Result<Args> {
         }
     }
     for s in &a.sides {
+        if let Some(file) = s.strip_prefix("filter=") {
+            let text =
+                std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("--sides {s}: {e}"))?;
+            let config: Value =
+                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("--sides {s}: {e}"))?;
+            a.side_configs.insert(s.clone(), config);
+            continue;
+        }
         anyhow::ensure!(
             ["filter", "round_robin", "least_request", "cache_aware"].contains(&s.as_str()),
             "--sides: unknown side {s:?}"
         );
     }
+    anyhow::ensure!(
+        !a.cold_gateway || a.replicas == [1],
+        "--cold-gateway: with --replicas 1 only (the cold gateway is a second one)"
+    );
     anyhow::ensure!(a.servers > 0 && !a.qps.is_empty(), "--servers and --qps");
     anyhow::ensure!(
         !a.replicas.is_empty() && a.replicas.iter().all(|&r| r > 0),
@@ -208,10 +251,24 @@ struct Measured {
     index: Option<(f64, f64)>,
 }
 
-/// The filter's cached-token feedback counters: predicted and reported hit tokens,
-/// confirmed, evicted and grown reports.
-fn index_counters(sim: &Sim) -> [f64; 5] {
-    let text = sim.prometheus();
+/// The relay cluster of a configuration with `precise-prefix-cache-scorer`.
+fn relay_cluster(config: &Value) -> Option<String> {
+    let p = config["plugins"]
+        .as_array()?
+        .iter()
+        .find(|p| p["type"] == "precise-prefix-cache-scorer")?;
+    Some(
+        p["parameters"]["relayCluster"]
+            .as_str()
+            .unwrap_or("kv-relay")
+            .to_string(),
+    )
+}
+
+/// The filter's cached-token feedback counters in gateway replica `r`: predicted and
+/// reported hit tokens, confirmed, evicted and grown reports.
+fn index_counters(sim: &Sim, r: usize) -> [f64; 5] {
+    let text = sim.replica_prometheus(r);
     let v = |series: &str| host_sim::prometheus::value(&text, series).unwrap_or(0.0);
     let outcome = |o: &str| {
         v(&format!(
@@ -228,6 +285,12 @@ fn index_counters(sim: &Sim) -> [f64; 5] {
 }
 
 fn side_label(side: &str) -> &str {
+    if let Some(file) = side.strip_prefix("filter=") {
+        return std::path::Path::new(file)
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or(file);
+    }
     match side {
         "filter" => "filter (default profile)",
         "round_robin" => "Envoy ROUND_ROBIN",
@@ -261,16 +324,24 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
     let eps: Vec<String> = (0..a.servers)
         .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250 + 1))
         .collect();
-    let mut config = a.filter_config.clone();
+    let mut config = a.side_configs.get(side).unwrap_or(&a.filter_config).clone();
     if !config.is_object() {
         config = json!({});
     }
     config["pool"]["endpoints"] = json!(eps);
+    let start: Nanos = 10 * MS;
+    let measure_from = start + (a.warmup * SEC as f64) as Nanos;
+    let end = measure_from + (a.seconds * SEC as f64) as Nanos;
+    let relay = relay_cluster(&config);
     let mut cfg = SimConfig::new(&config.to_string())
         .workers(a.workers)
-        .replicas(replicas)
+        .replicas(if a.cold_gateway { 2 } else { replicas })
         .seed(a.seed)
         .checks(a.check_invariants);
+    if a.cold_gateway {
+        // The second gateway starts (VMs within 0.5 ms) just before the measured window.
+        cfg.replica_start = vec![0, measure_from.saturating_sub(MS)];
+    }
     if let Some(w) = &a.wasm {
         cfg.wasm = w.clone();
     }
@@ -290,6 +361,7 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
                 .kv_blocks(a.kv_blocks)
                 .max_waiting(100_000)
                 .seed(a.seed.wrapping_add(i as u64))
+                .kv_events(relay.is_some())
                 .build()
                 .shared()
         })
@@ -300,10 +372,9 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
     if let Some(b) = balancer(side, a.seed) {
         sim.set_balancer(b);
     }
-
-    let start: Nanos = 10 * MS;
-    let measure_from = start + (a.warmup * SEC as f64) as Nanos;
-    let end = measure_from + (a.seconds * SEC as f64) as Nanos;
+    if let Some(cluster) = &relay {
+        sim.add_kv_relay(KvRelayConfig::new(cluster).lag(a.kv_event_lag));
+    }
     let mut workload = Workload::new(a.spec.clone(), a.seed);
     let mut specs = Vec::new();
     for (i, at) in Arrivals::new(qps, a.seed).enumerate() {
@@ -323,6 +394,9 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         if a.clients > 0 {
             spec = spec.on_connection(i as u64 % a.clients);
         }
+        if a.cold_gateway {
+            spec = spec.to_replica(usize::from(t >= measure_from));
+        }
         specs.push(spec);
     }
     sim.add_requests(specs);
@@ -335,7 +409,21 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
     };
     sim.run_until(measure_from)?;
     let before = counters(&servers);
-    let index_before = index_counters(&sim);
+    // The gateways the measured traffic goes through.
+    let measured: Vec<usize> = if a.cold_gateway {
+        vec![1]
+    } else {
+        (0..replicas).collect()
+    };
+    let index_sum = |sim: &Sim| {
+        measured.iter().fold([0.0; 5], |mut acc, &r| {
+            for (x, v) in acc.iter_mut().zip(index_counters(sim, r)) {
+                *x += v;
+            }
+            acc
+        })
+    };
+    let index_before = index_sum(&sim);
     let mut waiting = Vec::new();
     let mut in_flight = Vec::new();
     let mut t = measure_from;
@@ -360,7 +448,7 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         "{side} at {qps} QPS, {replicas} replicas: requests still unanswered 600 s after the last arrival"
     );
     let after = counters(&servers);
-    let index_after = index_counters(&sim);
+    let index_after = index_sum(&sim);
     let d: Vec<f64> = index_after
         .iter()
         .zip(index_before)
@@ -478,7 +566,11 @@ fn main() -> anyhow::Result<()> {
                 .fold((f64::MAX, 0.0f64), |(l, h), v| (l.min(*v), h.max(*v)));
             println!(
                 "| {} | {} | {} | {} | {} | {:.0} | {} | {:.1} | {:.1} / {} | {:.1}–{:.1} | {} | {:?} | {:.1} |",
-                r.replicas,
+                if a.cold_gateway {
+                    "1 (cold)".to_string()
+                } else {
+                    r.replicas.to_string()
+                },
                 r.qps,
                 if r.side == "filter" && a.filter_config.get("plugins").is_some() {
                     "filter (--filter-config)"
@@ -505,6 +597,7 @@ fn main() -> anyhow::Result<()> {
             );
             all.push(json!({
                 "replicas": r.replicas,
+                "cold_gateway": a.cold_gateway,
                 "qps": r.qps,
                 "side": r.side,
                 "sent": r.sent,
