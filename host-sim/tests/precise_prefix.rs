@@ -47,16 +47,6 @@ fn config(eps: &[String], precise: bool, feedback: bool) -> String {
     cfg.to_string()
 }
 
-/// `cached_tokens` of a response (0 when `prompt_tokens_details` is null, as vLLM writes
-/// it then).
-fn cached(sim: &Sim, i: usize) -> u64 {
-    let usage = &sim.outcome(i).json()["usage"];
-    assert!(usage["prompt_tokens"].as_u64().is_some(), "{usage}");
-    usage["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or(0)
-}
-
 const GROUPS: usize = 8;
 const BLOCKS: usize = 40;
 
@@ -123,9 +113,9 @@ fn a_restarted_gateway_routes_known_prefixes_to_their_server_through_the_relay()
             "prefix {g}: the relay reports it on {home}"
         );
         assert!(
-            cached(&sim, i) >= (BLOCKS as u64 - 1) * 16,
+            cached_tokens(&sim, i) >= (BLOCKS as u64 - 1) * 16,
             "prefix {g}: {} cached tokens",
-            cached(&sim, i)
+            cached_tokens(&sim, i)
         );
     }
     // The same with the approximate index only: the restarted gateway has seen none of
@@ -177,7 +167,7 @@ fn under_pressure(precise: bool, feedback: bool) -> (f64, f64, f64) {
     for i in 0..n {
         let o = sim.outcome(i);
         assert_eq!(o.status, Some(200), "{}", o.text());
-        hit += cached(&sim, i);
+        hit += cached_tokens(&sim, i);
         prompt_tokens += o.json()["usage"]["prompt_tokens"].as_u64().unwrap();
     }
     let text = sim.prometheus();

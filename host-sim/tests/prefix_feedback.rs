@@ -70,38 +70,28 @@ fn run(feedback: bool) -> Sim {
     sim
 }
 
-/// `cached_tokens` of request `i` (0 when `prompt_tokens_details` is null, as vLLM writes
-/// it then).
-fn cached(sim: &Sim, i: usize) -> u64 {
-    let usage = &sim.outcome(i).json()["usage"];
-    assert!(usage["prompt_tokens"].as_u64().is_some(), "{usage}");
-    usage["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or(0)
-}
-
 #[test]
 fn an_eviction_reported_by_a_server_stops_the_picker_from_crediting_it() {
     let eps = endpoints(2);
     // Without feedback the index still credits A with P1: the request goes there, and
     // A has nothing of it.
     let blind = run(false);
-    assert!(cached(&blind, 3) > 0, "A reported a hit");
+    assert!(cached_tokens(&blind, 3) > 0, "A reported a hit");
     assert_eq!(
-        cached(&blind, 10),
+        cached_tokens(&blind, 10),
         0,
         "A evicted P2 under the other prompts"
     );
     assert_eq!(blind.outcome(11).endpoint.as_deref(), Some(eps[0].as_str()));
-    assert_eq!(cached(&blind, 11), 0);
+    assert_eq!(cached_tokens(&blind, 11), 0);
     // With feedback, A's miss on P2 drops P2 and everything older (P1) from A: the
     // request goes to B, which holds half of P1.
     let fed = run(true);
     assert_eq!(fed.outcome(11).endpoint.as_deref(), Some(eps[1].as_str()));
     assert!(
-        cached(&fed, 11) >= 100,
+        cached_tokens(&fed, 11) >= 100,
         "B's half of P1: {}",
-        cached(&fed, 11)
+        cached_tokens(&fed, 11)
     );
     assert_eq!(
         metric(
@@ -122,6 +112,8 @@ fn an_eviction_reported_by_a_server_stops_the_picker_from_crediting_it() {
         predicted > reported,
         "P2 was predicted on A and missed: {predicted} vs {reported}"
     );
-    let reported_total: u64 = (0..fed.outcomes().len()).map(|i| cached(&fed, i)).sum();
+    let reported_total: u64 = (0..fed.outcomes().len())
+        .map(|i| cached_tokens(&fed, i))
+        .sum();
     assert_eq!(reported as u64, reported_total);
 }

@@ -151,3 +151,13 @@ pub fn running_requests(sim: &Sim) -> f64 {
         &format!("inference_objective_running_requests{{model_name=\"{MODEL}\"}}"),
     )
 }
+
+/// `cached_tokens` of request `i` (0 when `prompt_tokens_details` is null, as vLLM writes
+/// it then).
+pub fn cached_tokens(sim: &Sim, i: usize) -> u64 {
+    let usage = &sim.outcome(i).json()["usage"];
+    assert!(usage["prompt_tokens"].as_u64().is_some(), "{usage}");
+    usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
