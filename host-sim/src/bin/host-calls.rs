@@ -14,7 +14,9 @@
 //! cancel out). `--queued Q` first parks Q requests behind a full pool (flow control,
 //! `maxConcurrency` 1 per server, long responses) so the per-request shared-data bytes
 //! show how the flow-control record grows with the backlog. With `HOST_SIM_FUEL=1` each
-//! callback's row also gives the wasm instructions the module ran in it, per request.
+//! callback's row also gives the wasm instructions the module ran in it, per request, and
+//! a last table splits them by stretch between host calls (e.g. the instructions between
+//! the ledger's read and its write are the pick).
 
 use host_sim::world::upstream::Upstream;
 use host_sim::{ms, RequestSpec, Sim, SimConfig, SimpleUpstream, SEC};
@@ -95,7 +97,7 @@ type Counts = BTreeMap<String, (u64, u64, u64)>;
 
 /// Counts after `requests` measured requests (and the backlog), run to `end`: by call
 /// name, and by shared-data operation and key.
-fn run(a: &Args, requests: usize, end: u64) -> anyhow::Result<(Counts, Counts)> {
+fn run(a: &Args, requests: usize, end: u64) -> anyhow::Result<(Counts, Counts, Counts)> {
     let mut cfg = SimConfig::new(&config(a).to_string()).workers(2).seed(7);
     cfg.check_invariants = false;
     if let Some(w) = &a.wasm {
@@ -154,7 +156,19 @@ fn run(a: &Args, requests: usize, end: u64) -> anyhow::Result<(Counts, Counts)> 
         .into_iter()
         .map(|((op, key), c)| (format!("{op} {key}"), (c.calls, c.bytes, 0)))
         .collect();
-    Ok((by_name, by_key))
+    let by_stretch = counts
+        .stretches
+        .into_iter()
+        .map(|((cb, from, to), c)| {
+            let cb = cb.trim_start_matches("proxy_on_");
+            let short = |p: &str| p.trim_start_matches("proxy_").to_string();
+            (
+                format!("{cb}: {} -> {}", short(from), short(to)),
+                (c.calls, 0, c.fuel),
+            )
+        })
+        .collect();
+    Ok((by_name, by_key, by_stretch))
 }
 
 /// Prints `with − without`, per request; returns the total calls of the rows matching
@@ -188,6 +202,29 @@ fn table(with: &Counts, without: &Counts, n: f64, heading: &str) -> (f64, f64, f
         }
     }
     (others, callbacks, instructions)
+}
+
+/// The wasm instructions between two points of a callback (its start, each host call, its
+/// end), per request, most first: where the module's own work is.
+fn stretches(with: &Counts, without: &Counts, n: f64) {
+    let mut rows: Vec<(f64, f64, &str)> = with
+        .iter()
+        .map(|(name, (calls, _, fuel))| {
+            let (c0, _, f0) = without.get(name).copied().unwrap_or((0, 0, 0));
+            let calls = calls.saturating_sub(c0) as f64 / n;
+            let fuel = fuel.saturating_sub(f0) as f64 / n;
+            (fuel, calls, name.as_str())
+        })
+        .filter(|(fuel, _, _)| *fuel >= 50.0)
+        .collect();
+    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+    println!(
+        "{:<72} {:>10} {:>14}",
+        "wasm instructions between host calls (callback: from -> to)", "times", "instructions"
+    );
+    for (fuel, calls, name) in rows {
+        println!("{name:<72} {calls:>10.2} {fuel:>14.0}");
+    }
 }
 
 /// A protobuf record's top-level fields: per tag, how many and how many bytes.
@@ -270,5 +307,9 @@ fn main() -> anyhow::Result<()> {
         n,
         "shared data (bytes: read or written)",
     );
+    if host_sim::host::module::counting_fuel() {
+        println!();
+        stretches(&with.2, &without.2, n);
+    }
     Ok(())
 }

@@ -25,6 +25,11 @@ pub struct CallCounts {
     /// Shared-data operations by (`get` or `set`, key with digits folded to `N`): calls,
     /// and the bytes read or written.
     pub shared_keys: BTreeMap<(&'static str, String), Count>,
+    /// With fuel counted: the wasm instructions between two points of a callback (its
+    /// start, a host call, its end), by (callback, from, to): times, and instructions
+    /// (in `fuel`). Instructions of an allocation the host asked for during a host call
+    /// count in the stretch after that call.
+    pub stretches: BTreeMap<(&'static str, &'static str, &'static str), Count>,
 }
 
 impl CallCounts {
@@ -41,6 +46,19 @@ impl CallCounts {
     /// `fuel` units the module ran in the current callback `name`.
     pub fn fuel(&mut self, name: &'static str, fuel: u64) {
         self.by_name.entry(name).or_default().fuel += fuel;
+    }
+
+    /// `fuel` units run in `callback` from the point `from` to the point `to`.
+    pub fn stretch(
+        &mut self,
+        callback: &'static str,
+        from: &'static str,
+        to: &'static str,
+        fuel: u64,
+    ) {
+        let c = self.stretches.entry((callback, from, to)).or_default();
+        c.calls += 1;
+        c.fuel += fuel;
     }
 
     /// One shared-data `op` (`get` or `set`) of `bytes` on `key`.

@@ -114,6 +114,9 @@ pub struct HostState {
     pub calls: Arc<Mutex<CallCounts>>,
     /// The import being served (bytes handed to the VM are counted under it).
     pub import: &'static str,
+    /// With fuel counted: the callback running, and where its current stretch of wasm
+    /// instructions began (its start or the last host call) with the fuel left there.
+    pub stretch: (&'static str, &'static str, u64),
     /// Virtual time of the current callback.
     pub now: Nanos,
     /// The root context id.
@@ -380,6 +383,7 @@ impl Vm {
             log: init.log,
             calls: init.calls,
             import: "",
+            stretch: ("", "", 0),
             now: 0,
             root_id: 0,
             current: 0,
@@ -483,9 +487,13 @@ impl Vm {
         }
         const FULL: u64 = u64::MAX / 4;
         self.store.set_fuel(FULL)?;
+        self.store.data_mut().stretch = (cb.name(), "start", FULL);
         let r = self.dispatch(cb).await;
-        let used = FULL.saturating_sub(self.store.get_fuel().unwrap_or(FULL));
-        lock(&self.store.data().calls).fuel(cb.name(), used);
+        let left = self.store.get_fuel().unwrap_or(FULL);
+        let (name, from, at) = self.store.data().stretch;
+        let mut calls = lock(&self.store.data().calls);
+        calls.fuel(cb.name(), FULL.saturating_sub(left));
+        calls.stretch(name, from, "end", at.saturating_sub(left));
         r
     }
 

@@ -217,9 +217,16 @@ pub fn linker(engine: &Engine, module: &Module) -> Result<Linker<HostState>> {
 /// Returns the status (or WASI errno) the import answers with; `Err` traps the VM.
 async fn dispatch(imp: Imp, name: &'static str, c: C<'_, '_>, p: &[Val]) -> Result<u32> {
     {
+        let left = c.get_fuel().ok();
         let h = c.data_mut();
         h.import = name;
         lock(&h.calls).call(name);
+        if let Some(left) = left.filter(|_| crate::host::module::counting_fuel()) {
+            // The wasm instructions since the callback began or its last host call.
+            let (callback, from, at) = h.stretch;
+            lock(&h.calls).stretch(callback, from, name, at.saturating_sub(left));
+            h.stretch = (callback, name, left);
+        }
     }
     match injected_fault(c.data(), name) {
         Some(FaultAction::Status(s)) => return Ok(s),
