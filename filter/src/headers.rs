@@ -91,10 +91,12 @@ impl<'a> HeaderMap<'a> {
             let v = u32::from_le_bytes([*b.first()?, *b.get(1)?, *b.get(2)?, *b.get(3)?]);
             usize::try_from(v).ok()
         };
-        let mut pairs = Vec::new();
         let Some(count) = u32_at(0) else {
-            return Self { pairs };
+            return Self { pairs: Vec::new() };
         };
+        // Sized once (a pair takes at least 10 bytes of the buffer, so a bogus count
+        // cannot reserve more than the buffer could hold).
+        let mut pairs = Vec::with_capacity(count.min(bytes.len() / 10));
         let mut data = count.saturating_mul(8).saturating_add(4);
         for n in 0..count {
             let at = 4 + n * 8;
