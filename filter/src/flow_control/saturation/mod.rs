@@ -17,6 +17,9 @@ pub struct EndpointLoad {
     pub kv_usage: f64,
     /// When the metrics were scraped (ms); `None` if never.
     pub updated_ms: Option<u64>,
+    /// Requests at the server, by the scrape, that other gateway replicas sent
+    /// (`Metrics::other_load`; read by `concurrency-detector` with `inFlightSource: servers`).
+    pub other_requests: u64,
 }
 
 impl EndpointLoad {
@@ -27,6 +30,15 @@ impl EndpointLoad {
             waiting: waiting as f64,
             kv_usage,
             updated_ms: updated_ms.and_then(|t| u64::try_from(t).ok()),
+            other_requests: 0,
+        }
+    }
+
+    /// The same load with `n` requests of other gateway replicas at the server.
+    pub fn with_other_requests(self, n: u64) -> Self {
+        Self {
+            other_requests: n,
+            ..self
         }
     }
 
@@ -35,6 +47,7 @@ impl EndpointLoad {
         waiting: 0.0,
         kv_usage: 0.0,
         updated_ms: None,
+        other_requests: 0,
     };
 }
 

@@ -165,6 +165,7 @@ mod tests {
             waiting,
             kv_usage,
             updated_ms,
+            other_requests: 0,
         }
     }
 
