@@ -220,7 +220,8 @@ fn offer(sim: &mut Sim, n: usize, gap_us: u64, replica: impl Fn(usize) -> usize)
 /// pool serves) spread evenly over four replicas. Each replica counts only its own: alone
 /// each lets 16 through, together 4× the bound. With `inFlightSource: servers` each adds
 /// what the servers' last scrape shows beyond its own, and the four together stay under
-/// twice the bound (29 of 16 in this 4-server pool; 1.2× at 16 servers, BENCHMARKS §10).
+/// twice the bound (29 of 16 in this 4-server pool; 1.2× at 16 servers, BENCHMARKS §10);
+/// with `gatewayReplicas: 4` as well, within 1.5× (21–23).
 #[test]
 fn with_the_servers_counts_four_replicas_keep_the_pools_bound_where_each_alone_overshoots() {
     let bound = MAX_CONCURRENCY * CAPACITY_SERVERS as u64;
@@ -249,6 +250,18 @@ fn with_the_servers_counts_four_replicas_keep_the_pools_bound_where_each_alone_o
         assert!(
             shared >= bound,
             "seed {seed}: the pool was never filled ({shared})"
+        );
+        let (mut sim, most) = capacity_sim(
+            seed,
+            json!({"inFlightSource": "servers", "gatewayReplicas": REPLICAS}),
+        );
+        assert_eq!(offer(&mut sim, 240, 5_000, |i| i % REPLICAS), 240);
+        // With the share as well, each replica borrows only 1/4 of the room a scrape
+        // shows (every replica sees it at once): closer to the bound (21–23 here).
+        let both = most.all.get();
+        assert!(
+            both < shared && both <= bound + bound / 2,
+            "seed {seed}: {both} in flight with the servers' counts and the share ({shared} without the share)"
         );
     }
 }

@@ -138,6 +138,7 @@ pub fn endpoint_loads(
             Some(s) if !s.failing && s.updated_ms != 0 => {
                 EndpointLoad::scraped(s.waiting, s.kv_usage, Some(s.updated_ms))
                     .with_other_requests(other_requests(s.running, s.waiting, s.gateway_in_flight))
+                    .with_own_at_scrape(s.gateway_in_flight)
             }
             _ => EndpointLoad::UNKNOWN,
         })

@@ -11,8 +11,9 @@
 //!   the scrape was sent), i.e. the other replicas' requests. Every replica scrapes the
 //!   same servers, so they share one view of the pool, late by at most a scrape interval;
 //!   a replica with more of the traffic may use the capacity another leaves idle.
-//! * both: each replica may always use its `1/R` share, and borrow beyond it what the
-//!   servers show idle (so a replica that was idle gets its share back at once).
+//! * both: each replica may always use its `1/R` share, and borrow beyond it `1/R` of the
+//!   room the servers' last scrape showed (so a replica that was idle gets its share back
+//!   at once, and R replicas seeing the same room at once do not each fill all of it).
 
 use super::PoolLoad;
 use crate::config::{ConfigError, Params as Parameters};
@@ -152,7 +153,8 @@ impl Params {
     /// `inFlightSource: servers`, the pool's (this gateway's plus the other replicas', by
     /// the last scrape) over the whole capacity; with `gatewayReplicas: R` as well, the
     /// lower of the two: each replica may always use its `1/R` share and borrow beyond it
-    /// what the servers show idle.
+    /// `1/R` of the room the last scrape showed (every replica sees that room at once; the
+    /// other `(R − 1)/R` counts as taken).
     pub fn saturation(&self, pool: &PoolLoad<'_>) -> f64 {
         let endpoints = pool.endpoint_count as f64;
         let total = self.capacity() * endpoints;
@@ -168,11 +170,16 @@ impl Params {
             Source::Gateway => own,
             Source::Servers => {
                 let others: u64 = pool.endpoints.iter().map(|e| e.other_requests).sum();
-                let whole = (load + others) as f64 / (self.whole() * endpoints);
+                let whole = self.whole() * endpoints;
                 if self.gateway_replicas > 1 {
-                    own.min(whole)
+                    // Borrowing: of the room the last scrape showed, this replica takes
+                    // its 1/R (every replica sees the same room at once).
+                    let then: u64 = pool.endpoints.iter().map(|e| e.own_at_scrape).sum();
+                    let room = (whole - (then + others) as f64).max(0.0);
+                    let others_share = room * (1.0 - 1.0 / self.gateway_replicas as f64);
+                    own.min((load + others) as f64 / whole + others_share / whole)
                 } else {
-                    whole
+                    (load + others) as f64 / whole
                 }
             }
         }
@@ -318,15 +325,23 @@ mod tests {
             both.saturation(&with_others(16)) >= 1.0,
             "its share is used and the pool is full"
         );
-        let idle = [EndpointLoad::scraped(0, 0.1, Some(1)); 4];
-        let borrowing = PoolLoad {
+        // The other replica is idle; this one had 16 in flight at the last scrape, which
+        // showed 16 free. Every replica sees that room at once, so it borrows half of it.
+        let idle = [EndpointLoad::scraped(0, 0.1, Some(1)).with_own_at_scrape(4); 4];
+        let at = |requests: u64| PoolLoad {
             endpoints: &idle,
-            ..pool(4, 24, 0)
+            ..pool(4, requests, 0)
         };
         assert!(
-            (both.saturation(&borrowing) - 0.75).abs() < 1e-9,
-            "24 of the pool's 32 while the other replica is idle"
+            (both.saturation(&at(20)) - 0.875).abs() < 1e-9,
+            "20 + the other's half of the room (8) of 32"
         );
+        assert!(
+            (both.saturation(&at(24)) - 1.0).abs() < 1e-9,
+            "its half of the room taken"
+        );
+        // Alone (no share), a replica may take the whole room.
+        assert!(p.saturation(&at(31)) < 1.0);
         for bad in [
             json!({"inFlightSource": "shared"}),
             json!({"inFlightSource": "servers", "concurrencyMode": "tokens"}),

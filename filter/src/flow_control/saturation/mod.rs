@@ -20,6 +20,8 @@ pub struct EndpointLoad {
     /// Requests at the server, by the scrape, that other gateway replicas sent
     /// (`Metrics::other_load`; read by `concurrency-detector` with `inFlightSource: servers`).
     pub other_requests: u64,
+    /// This gateway's requests in flight there when the scrape was sent.
+    pub own_at_scrape: u64,
 }
 
 impl EndpointLoad {
@@ -31,6 +33,7 @@ impl EndpointLoad {
             kv_usage,
             updated_ms: updated_ms.and_then(|t| u64::try_from(t).ok()),
             other_requests: 0,
+            own_at_scrape: 0,
         }
     }
 
@@ -42,12 +45,21 @@ impl EndpointLoad {
         }
     }
 
+    /// The same load with `n` requests of this gateway there at the scrape.
+    pub fn with_own_at_scrape(self, n: u64) -> Self {
+        Self {
+            own_at_scrape: n,
+            ..self
+        }
+    }
+
     /// The load of an endpoint whose metrics are unknown (reads as never scraped).
     pub const UNKNOWN: Self = Self {
         waiting: 0.0,
         kv_usage: 0.0,
         updated_ms: None,
         other_requests: 0,
+        own_at_scrape: 0,
     };
 }
 

@@ -166,6 +166,7 @@ mod tests {
             kv_usage,
             updated_ms,
             other_requests: 0,
+            own_at_scrape: 0,
         }
     }
 
