@@ -35,6 +35,29 @@ pub struct Metrics {
     pub num_blocks: Option<u64>,
     /// When the metrics were scraped (ms); `None` if never.
     pub updated_ms: Option<i64>,
+    /// Requests this gateway had in flight there when the scrape was sent: the part of
+    /// `running + waiting` that is its own (see [`Metrics::other_load`]).
+    pub gateway_in_flight: u64,
+}
+
+impl Metrics {
+    /// Requests at the server, by its last scrape, beyond this gateway's own in flight
+    /// there at that moment: what other gateway replicas (or clients bypassing the
+    /// gateway) sent. Every replica scrapes the same servers, so this is how one replica
+    /// sees the others' load without a shared store. 0 when never scraped.
+    pub fn other_load(&self) -> u64 {
+        if self.updated_ms.is_none() {
+            return 0;
+        }
+        other_requests(self.running, self.waiting, self.gateway_in_flight)
+    }
+}
+
+/// A server's `running + waiting` beyond `own`, the requests this gateway had in flight
+/// there when it was scraped (never below 0: a request this gateway just sent may not
+/// have arrived yet).
+pub fn other_requests(running: u64, waiting: u64, own: u64) -> u64 {
+    running.saturating_add(waiting).saturating_sub(own)
 }
 
 /// An endpoint the scheduler may choose.

@@ -1,12 +1,16 @@
 //! Several gateway replicas in front of one pool: independent Envoy processes (each its
 //! own shared data, workers and filter VMs, as the pods of an ingress Deployment) that
 //! never exchange state. The filter's rendezvous prior makes them agree on where a new
-//! prefix group goes; without it each replica chooses on its own.
+//! prefix group goes; without it each replica chooses on its own. Flow control's
+//! `concurrency-detector` with `inFlightSource: servers` keeps the pool's bound across
+//! replicas from the servers' own counts.
 
 mod common;
 
-use common::{endpoints, sum_series, MODEL};
-use host_sim::{ms, RequestSpec, Sim, SimConfig, SimpleUpstream};
+use common::filter::with_scrape_cluster;
+use common::{endpoints, sim_serving, sum_series, MODEL};
+use host_sim::world::invariants::Invariant;
+use host_sim::{ms, RequestSpec, Sim, SimConfig, SimpleUpstream, VllmConfig, US};
 use serde_json::{json, Value};
 
 /// The default profile, with the prefix parameters on an `approx-prefix-cache-producer`
@@ -128,4 +132,169 @@ fn without_the_prior_the_replicas_choose_on_their_own() {
         split >= 6,
         "only {split} of 18 groups went to two servers without the prior"
     );
+}
+
+// --- Capacity across replicas -------------------------------------------------------
+
+/// Requests each server runs at once; `maxConcurrency` is the same, so the pool's bound is
+/// `CAPACITY_SERVERS × MAX_CONCURRENCY`.
+const MAX_CONCURRENCY: u64 = 4;
+const CAPACITY_SERVERS: usize = 4;
+const REPLICAS: usize = 4;
+
+/// Flow control gated by `concurrency-detector` at `MAX_CONCURRENCY` per server with the
+/// extra detector parameters `detector`, four replicas of two workers in front of four
+/// `vllm-sim` engines, and the most requests in flight at the servers (checked after
+/// every event): over the whole run, and from `STEADY` on (once every replica has
+/// requests queued).
+fn capacity_sim(seed: u64, detector: Value) -> (Sim, Most) {
+    let eps = endpoints(CAPACITY_SERVERS);
+    let mut params = json!({"maxConcurrency": MAX_CONCURRENCY, "concurrencyMode": "requests"});
+    for (k, v) in detector.as_object().into_iter().flatten() {
+        params[k] = v.clone();
+    }
+    let config = json!({
+        "featureGates": ["flowControl"],
+        "plugins": [{"type": "concurrency-detector", "parameters": params}],
+        "saturationDetector": {"pluginRef": "concurrency-detector"},
+        "flowControl": {"defaultRequestTTL": "120s"},
+        "pool": {"endpoints": eps},
+    })
+    .to_string();
+    let cfg = with_scrape_cluster(
+        SimConfig::new(&config)
+            .workers(2)
+            .replicas(REPLICAS)
+            .seed(seed),
+    );
+    let mut sim = sim_serving(cfg, &eps, |a| {
+        VllmConfig::new(a)
+            .max_num_seqs(MAX_CONCURRENCY as usize)
+            .seed(seed)
+            .build()
+    });
+    let most = Most::default();
+    let seen = most.clone();
+    sim.add_invariant(Invariant::new("records the most in flight", move |sim| {
+        let now: u64 = sim
+            .endpoint_addresses()
+            .iter()
+            .map(|e| sim.in_flight(e))
+            .sum();
+        seen.all.set(seen.all.get().max(now));
+        if sim.now() >= STEADY {
+            seen.steady.set(seen.steady.get().max(now));
+        }
+        Ok(())
+    }));
+    (sim, most)
+}
+
+/// When the offered load has built queues at every replica (1 s after it starts).
+const STEADY: u64 = 1_500 * 1_000_000;
+
+/// The most requests in flight at the servers.
+#[derive(Clone, Default)]
+struct Most {
+    all: std::rc::Rc<std::cell::Cell<u64>>,
+    steady: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+/// `n` requests of 48 output tokens, one every `gap_us` µs from 0.5 s (after the first
+/// scrapes), the `i`-th sent to replica `replica(i)`; runs until all are answered and
+/// returns how many got a 200.
+fn offer(sim: &mut Sim, n: usize, gap_us: u64, replica: impl Fn(usize) -> usize) -> usize {
+    sim.add_requests((0..n).map(|i| {
+        RequestSpec::completion(MODEL, &format!("request {i:05}"), 48, false)
+            .at(ms(500) + i as u64 * gap_us * US)
+            .to_replica(replica(i))
+    }));
+    sim.run_until(ms(15_000)).unwrap();
+    sim.outcomes()
+        .iter()
+        .filter(|o| o.status == Some(200))
+        .count()
+}
+
+/// The pool's bound, 16 requests; 240 requests arriving over 1.2 s (about 4× what the
+/// pool serves) spread evenly over four replicas. Each replica counts only its own: alone
+/// each lets 16 through, together 4× the bound. With `inFlightSource: servers` each adds
+/// what the servers' last scrape shows beyond its own, and the four together stay under
+/// twice the bound (29 of 16 in this 4-server pool; 1.2× at 16 servers, BENCHMARKS §10);
+/// with `gatewayReplicas: 4` as well, within 1.5× (21–23).
+#[test]
+fn with_the_servers_counts_four_replicas_keep_the_pools_bound_where_each_alone_overshoots() {
+    let bound = MAX_CONCURRENCY * CAPACITY_SERVERS as u64;
+    for seed in 1..=3 {
+        let (mut sim, most) = capacity_sim(seed, json!({}));
+        assert_eq!(offer(&mut sim, 240, 5_000, |i| i % REPLICAS), 240);
+        let alone = most.steady.get();
+        let (mut sim, most) = capacity_sim(seed, json!({"inFlightSource": "servers"}));
+        assert_eq!(offer(&mut sim, 240, 5_000, |i| i % REPLICAS), 240);
+        let (shared, burst) = (most.steady.get(), most.all.get());
+        assert!(
+            burst < 2 * bound,
+            "seed {seed}: {burst} in flight in the first burst"
+        );
+        assert!(
+            alone >= 3 * bound,
+            "seed {seed}: per-replica bounds let {alone} through"
+        );
+        // What other replicas sent since this one's last scrape is unseen (and in this
+        // small pool the servers' counts trail the requests in flight by a few): under
+        // twice the bound, where alone the replicas reach four times it.
+        assert!(
+            shared < 2 * bound,
+            "seed {seed}: {shared} in flight with the servers' counts, bound {bound}"
+        );
+        assert!(
+            shared >= bound,
+            "seed {seed}: the pool was never filled ({shared})"
+        );
+        let (mut sim, most) = capacity_sim(
+            seed,
+            json!({"inFlightSource": "servers", "gatewayReplicas": REPLICAS}),
+        );
+        assert_eq!(offer(&mut sim, 240, 5_000, |i| i % REPLICAS), 240);
+        // With the share as well, each replica borrows only 1/4 of the room a scrape
+        // shows (every replica sees it at once): closer to the bound (21–23 here).
+        let both = most.all.get();
+        assert!(
+            both < shared && both <= bound + bound / 2,
+            "seed {seed}: {both} in flight with the servers' counts and the share ({shared} without the share)"
+        );
+    }
+}
+
+/// Nearly all the traffic through one replica: a static `gatewayReplicas: 4` split holds
+/// it to a quarter of the pool while the others' shares idle; with the servers' counts
+/// (alone, or on top of the share) it may borrow what the others leave idle.
+#[test]
+fn a_replica_with_most_of_the_traffic_borrows_the_capacity_others_leave_idle() {
+    let bound = MAX_CONCURRENCY * CAPACITY_SERVERS as u64;
+    let share = bound / REPLICAS as u64;
+    // 9 of every 10 requests through replica 0, the rest spread over the others.
+    let uneven = |i: usize| if i % 10 == 9 { 1 + i / 10 % 3 } else { 0 };
+    for seed in 1..=2 {
+        let (mut sim, most) = capacity_sim(seed, json!({"gatewayReplicas": REPLICAS}));
+        assert_eq!(offer(&mut sim, 120, 10_000, uneven), 120);
+        let split = most.all.get();
+        // Replica 0's quarter, plus what the others' light traffic holds.
+        assert!(
+            split <= 2 * share,
+            "seed {seed}: the static split let {split} through (share {share})"
+        );
+        for detector in [
+            json!({"inFlightSource": "servers"}),
+            json!({"inFlightSource": "servers", "gatewayReplicas": REPLICAS}),
+        ] {
+            let (mut sim, most) = capacity_sim(seed, detector.clone());
+            assert_eq!(offer(&mut sim, 120, 10_000, uneven), 120);
+            let borrowed = most.steady.get();
+            assert!(
+                borrowed >= bound - 2 && borrowed < 2 * bound,
+                "seed {seed}, {detector}: {borrowed} in flight (bound {bound})"
+            );
+        }
+    }
 }

@@ -15,8 +15,8 @@ pub mod prometheus;
 pub mod snapshot;
 pub mod source;
 
-use crate::endpoint::Candidate;
 use crate::endpoint::Endpoint;
+use crate::endpoint::{other_requests, Candidate};
 use crate::flow_control::saturation::EndpointLoad;
 use hashbrown::HashMap;
 use snapshot::EndpointSnapshot;
@@ -137,6 +137,8 @@ pub fn endpoint_loads(
         .map(|e| match snapshots.get(&e.address) {
             Some(s) if !s.failing && s.updated_ms != 0 => {
                 EndpointLoad::scraped(s.waiting, s.kv_usage, Some(s.updated_ms))
+                    .with_other_requests(other_requests(s.running, s.waiting, s.gateway_in_flight))
+                    .with_own_at_scrape(s.gateway_in_flight)
             }
             _ => EndpointLoad::UNKNOWN,
         })

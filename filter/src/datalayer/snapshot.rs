@@ -82,6 +82,9 @@ pub struct EndpointSnapshot {
     /// Why it failed.
     #[prost(string, tag = "12")]
     pub error: String,
+    /// Requests this gateway had in flight there when the last successful scrape was sent.
+    #[prost(uint64, tag = "13")]
+    pub gateway_in_flight: u64,
 }
 
 impl EndpointSnapshot {
@@ -100,6 +103,7 @@ impl EndpointSnapshot {
             updated_ms: m.updated_ms.unwrap_or(0),
             failing: false,
             error: String::new(),
+            gateway_in_flight: m.gateway_in_flight,
         }
     }
 
@@ -116,6 +120,7 @@ impl EndpointSnapshot {
             block_size: opt(self.block_size),
             num_blocks: opt(self.num_blocks),
             updated_ms: (self.updated_ms != 0).then_some(self.updated_ms),
+            gateway_in_flight: self.gateway_in_flight,
         }
     }
 }
@@ -192,6 +197,7 @@ mod tests {
             kv_usage: 0.5,
             block_size: Some(16),
             updated_ms: Some(7),
+            gateway_in_flight: 2,
             ..Metrics::default()
         };
         let s = EndpointSnapshot::from_metrics("a", &m);

@@ -15,6 +15,7 @@ use crate::datalayer::snapshot::{
 };
 use crate::datalayer::{lease, mapping, prometheus};
 use crate::endpoint::Endpoint;
+use crate::inflight::{Ledger, LEDGER_KEY};
 use crate::metrics;
 use crate::prefix::shared;
 use crate::runtime::Runtime;
@@ -25,7 +26,11 @@ use std::cell::RefCell;
 
 /// What a pending callout is for.
 enum Pending {
-    Metrics { address: String },
+    /// `in_flight`: this gateway's requests in flight at the endpoint when it was sent.
+    Metrics {
+        address: String,
+        in_flight: u64,
+    },
     Discovery,
 }
 
@@ -115,6 +120,7 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
             if !busy && now.saturating_sub(s.last_round_ms) >= interval {
                 s.last_round_ms = now;
                 let endpoints = endpoints(rt);
+                let own = own_in_flight(now);
                 // Endpoints that left the pool (discovery, reconfiguration) leave the snapshots.
                 let before = s.results.len();
                 s.results
@@ -139,6 +145,7 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
                                 token,
                                 (
                                     Pending::Metrics {
+                                        in_flight: own.get(&e.address).copied().unwrap_or(0),
                                         address: e.address.clone(),
                                     },
                                     now,
@@ -157,6 +164,22 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
             gauges(rt, &mut s, vm, now);
         }
     });
+}
+
+/// This gateway's requests in flight per endpoint (every worker), recorded with each
+/// scrape so that the servers' counts can be split into its own and the other replicas'
+/// (`Metrics::other_load`).
+fn own_in_flight(now: i64) -> HashMap<String, u64> {
+    let mut ledger: Ledger = read(&HostStore, LEDGER_KEY)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    ledger.drop_stale(now);
+    ledger
+        .totals()
+        .into_iter()
+        .map(|(address, (requests, _))| (address.to_string(), requests))
+        .collect()
 }
 
 fn endpoints(rt: &Runtime) -> Vec<Endpoint> {
@@ -212,7 +235,7 @@ pub fn on_response(rt: &Runtime, token: u32, body_size: usize) {
                     Err(e) => log::warn!("discovery: {e}"),
                 }
             }
-            Pending::Metrics { address } => {
+            Pending::Metrics { address, in_flight } => {
                 let previous = s.results.get(&address).cloned();
                 let was_failing = previous.as_ref().is_some_and(|p| p.failing);
                 let snap = if status == "200" {
@@ -227,7 +250,10 @@ pub fn on_response(rt: &Runtime, token: u32, body_size: usize) {
                         .unwrap_or_default();
                     let engine = rt.data_layer.mapping.engine_for(&labels);
                     match engine.and_then(|e| mapping::extract(e, &parsed.samples, now)) {
-                        Some(m) => EndpointSnapshot::from_metrics(&address, &m),
+                        Some(m) => EndpointSnapshot {
+                            gateway_in_flight: in_flight,
+                            ..EndpointSnapshot::from_metrics(&address, &m)
+                        },
                         None => EndpointSnapshot {
                             // Answered but without known metrics: keep it a candidate with
                             // its last values (the reference sets no UpdateTime).

@@ -15,7 +15,7 @@
 //! processes with their own shared data, workers and filter VMs, as the pods of an Istio
 //! ingress Deployment) in front of the same servers, every request on a new connection
 //! that the Service spreads uniformly over the replicas (`--clients N`: N keep-alive
-//! connections instead). The stand-in balancers keep one state for all replicas (their
+//! connections instead; `--replica-weights` an uneven spread). The stand-in balancers keep one state for all replicas (their
 //! per-worker cursors are per replica's worker), which flatters them at R > 1.
 //!
 //! A side `filter=FILE` runs the filter with the plugin configuration in FILE (labelled by
@@ -80,6 +80,8 @@ const HELP: &str = "quality-sim: routing quality in virtual time (host-sim + vll
   --kv-blocks N          KV blocks of 16 tokens per server [1024]
   --workers N            Envoy workers per replica [4]
   --replicas A,B,C       gateway replicas (independent Envoys) in front of the pool [1]
+  --replica-weights W,.. spread connections over the replicas in these proportions instead of
+                         uniformly (one weight per replica; every --replicas value must match)
   --clients N            keep-alive client connections, requests spread round robin over
                          them; 0 = a new connection per request [0]
   --kv-event-lag-ms MS   a step's KV events reach the relay's state this much later [5]
@@ -105,6 +107,7 @@ struct Args {
     kv_blocks: usize,
     workers: usize,
     replicas: Vec<usize>,
+    replica_weights: Vec<f64>,
     clients: u64,
     filter_config: Value,
     /// `filter=FILE` sides: their configurations.
@@ -138,6 +141,7 @@ fn parse_args() -> anyhow::Result<Args> {
         kv_blocks: 1024,
         workers: 4,
         replicas: vec![1],
+        replica_weights: Vec::new(),
         clients: 0,
         filter_config: json!({}),
         side_configs: BTreeMap::new(),
@@ -187,6 +191,13 @@ fn parse_args() -> anyhow::Result<Args> {
                     .map_err(|e| bad(&e))?
             }
             "--clients" => a.clients = v.parse().map_err(|e| bad(&e))?,
+            "--replica-weights" => {
+                a.replica_weights = v
+                    .split(',')
+                    .map(|x| x.trim().parse::<f64>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| bad(&e))?
+            }
             "--filter-config" => {
                 let text = std::fs::read_to_string(&v).map_err(|e| bad(&e))?;
                 a.filter_config = serde_json::from_str(&text).map_err(|e| bad(&e))?;
@@ -225,6 +236,13 @@ fn parse_args() -> anyhow::Result<Args> {
     anyhow::ensure!(
         !a.replicas.is_empty() && a.replicas.iter().all(|&r| r > 0),
         "--replicas: at least one, each > 0"
+    );
+    anyhow::ensure!(
+        a.replica_weights.is_empty()
+            || (a.replicas.iter().all(|&r| r == a.replica_weights.len())
+                && a.replica_weights.iter().all(|&w| w >= 0.0)
+                && a.replica_weights.iter().sum::<f64>() > 0.0),
+        "--replica-weights: one non-negative weight per replica (every --replicas value equal to their number)"
     );
     Ok(a)
 }
@@ -391,8 +409,16 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
                 } else {
                     "warmup"
                 });
+        let connection = if a.clients > 0 {
+            i as u64 % a.clients
+        } else {
+            i as u64
+        };
         if a.clients > 0 {
-            spec = spec.on_connection(i as u64 % a.clients);
+            spec = spec.on_connection(connection);
+        }
+        if !a.replica_weights.is_empty() {
+            spec = spec.to_replica(weighted_replica(&a.replica_weights, a.seed, connection));
         }
         if a.cold_gateway {
             spec = spec.to_replica(usize::from(t >= measure_from));
@@ -508,6 +534,23 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
     Ok(r)
 }
 
+/// With `--replica-weights`: the replica of connection `connection`, drawn in proportion
+/// to the weights (a seeded hash, so every side sees the same spread).
+fn weighted_replica(weights: &[f64], seed: u64, connection: u64) -> usize {
+    let mut z = seed ^ connection.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    let mut u = (z >> 11) as f64 / (1u64 << 53) as f64 * weights.iter().sum::<f64>();
+    for (r, w) in weights.iter().enumerate() {
+        if u < *w {
+            return r;
+        }
+        u -= w;
+    }
+    weights.len() - 1
+}
+
 fn fmt3(s: &Option<Summary>, f: impl Fn(&Summary) -> Vec<f64>) -> String {
     s.as_ref().map_or("-".into(), |s| {
         f(s).iter()
@@ -525,7 +568,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "{} servers (vllm-sim h100-llama-8b, max-num-seqs {}, {} KV tokens each), {} Envoy workers; \
          {} groups × {} prompts, system {} + question {} tokens, output {}{}; prefix demand \
-         {demand} tokens = {:.1}× a server's KV, {:.0} % of the pool's; warm-up {} s, measured {} s per step; {}; seed {}",
+         {demand} tokens = {:.1}× a server's KV, {:.0} % of the pool's; warm-up {} s, measured {} s per step; {}{}; seed {}",
         a.servers,
         a.max_num_seqs,
         kv,
@@ -544,6 +587,11 @@ fn main() -> anyhow::Result<()> {
             format!("{} keep-alive client connections", a.clients)
         } else {
             "a new connection per request".to_string()
+        },
+        if a.replica_weights.is_empty() {
+            String::new()
+        } else {
+            format!(", spread over the replicas in proportions {:?}", a.replica_weights)
         },
         a.seed
     );

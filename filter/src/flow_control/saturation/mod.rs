@@ -17,6 +17,11 @@ pub struct EndpointLoad {
     pub kv_usage: f64,
     /// When the metrics were scraped (ms); `None` if never.
     pub updated_ms: Option<u64>,
+    /// Requests at the server, by the scrape, that other gateway replicas sent
+    /// (`Metrics::other_load`; read by `concurrency-detector` with `inFlightSource: servers`).
+    pub other_requests: u64,
+    /// This gateway's requests in flight there when the scrape was sent.
+    pub own_at_scrape: u64,
 }
 
 impl EndpointLoad {
@@ -27,6 +32,24 @@ impl EndpointLoad {
             waiting: waiting as f64,
             kv_usage,
             updated_ms: updated_ms.and_then(|t| u64::try_from(t).ok()),
+            other_requests: 0,
+            own_at_scrape: 0,
+        }
+    }
+
+    /// The same load with `n` requests of other gateway replicas at the server.
+    pub fn with_other_requests(self, n: u64) -> Self {
+        Self {
+            other_requests: n,
+            ..self
+        }
+    }
+
+    /// The same load with `n` requests of this gateway there at the scrape.
+    pub fn with_own_at_scrape(self, n: u64) -> Self {
+        Self {
+            own_at_scrape: n,
+            ..self
         }
     }
 
@@ -35,6 +58,8 @@ impl EndpointLoad {
         waiting: 0.0,
         kv_usage: 0.0,
         updated_ms: None,
+        other_requests: 0,
+        own_at_scrape: 0,
     };
 }
 

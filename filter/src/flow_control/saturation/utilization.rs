@@ -165,6 +165,8 @@ mod tests {
             waiting,
             kv_usage,
             updated_ms,
+            other_requests: 0,
+            own_at_scrape: 0,
         }
     }
 

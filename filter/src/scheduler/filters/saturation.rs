@@ -6,7 +6,9 @@
 //!   `waiting < queueDepthThreshold·(1+headroom)` and `kv < kvCacheUtilThreshold·(1+headroom)`;
 //!   if that removes every endpoint, all are kept (fail open).
 //! * `concurrency-detector`: keeps an endpoint whose in-flight load (requests, or tokens
-//!   in `tokens` mode) is below `int(capacity·(1+headroom))`; no fail-open.
+//!   in `tokens` mode) is below `int(capacity·(1+headroom))` (with `inFlightSource:
+//!   servers`, also its load plus the other replicas' there below the whole
+//!   `maxConcurrency`); no fail-open.
 
 use crate::flow_control::saturation::{concurrency, utilization, Detector, EndpointLoad};
 use crate::rng::Rng;
@@ -57,8 +59,10 @@ impl Filter for Concurrency {
         endpoints
             .into_iter()
             .filter(|&i| {
-                cx.candidate(i)
-                    .is_some_and(|c| self.0.keep(c.in_flight, c.in_flight_tokens))
+                cx.candidate(i).is_some_and(|c| {
+                    self.0
+                        .keep(c.in_flight, c.in_flight_tokens, c.metrics.other_load())
+                })
             })
             .collect()
     }
@@ -105,5 +109,33 @@ mod tests {
             vec![0]
         );
         assert!(with_cycle(&c, &[], |cx| f.filter(cx, vec![1], &mut rng)).is_empty());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn concurrency_with_the_servers_counts_leaves_out_endpoints_other_replicas_filled() {
+        // Both servers run 6 by their last scrape; 2 of those on the first were this
+        // gateway's when it scraped, none on the second. It now has 2 at each.
+        let mut c = candidates(&[(0, 6, 0.1), (0, 6, 0.1)]);
+        c[0].metrics.gateway_in_flight = 2;
+        for x in &mut c {
+            x.in_flight = 2;
+        }
+        let params = |source| concurrency::Params {
+            max_concurrency: 8,
+            source,
+            ..concurrency::Params::default()
+        };
+        let mut rng = Rng::new(0);
+        let servers = Concurrency(params(concurrency::Source::Servers));
+        assert_eq!(
+            with_cycle(&c, &[], |cx| servers.filter(cx, all(&c), &mut rng)),
+            vec![0],
+            "2 + 4 others < 8 is kept; 2 + 6 others is full"
+        );
+        let gateway = Concurrency(params(concurrency::Source::Gateway));
+        assert_eq!(
+            with_cycle(&c, &[], |cx| gateway.filter(cx, all(&c), &mut rng)),
+            vec![0, 1]
+        );
     }
 }
