@@ -154,6 +154,19 @@ pub fn route(
             &[s.extension_point, &s.plugin_type, &s.plugin_name],
             s.ns / 1_000,
         );
+        if s.extension_point == crate::scheduler::PREDICTION_POINT {
+            let labels = [input.model.as_str(), input.target.as_str()];
+            stats::observe(
+                &metrics::OBJECTIVE_TTFT_PREDICTION_DURATION,
+                &labels,
+                s.ns / 1_000,
+            );
+            stats::observe(
+                &metrics::OBJECTIVE_TPOT_PREDICTION_DURATION,
+                &labels,
+                s.ns / 1_000,
+            );
+        }
     }
     let (targets, prefill, disaggregated, hit, estimate, expected) = match outcome.routed {
         Routed::Chosen {
