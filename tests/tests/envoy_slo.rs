@@ -83,14 +83,14 @@ fn the_predictor_learns_from_the_streams_envoy_relays_and_exports_its_metrics() 
         ),
         0.0
     );
-    // The `_gauge` variants hold the last request's latencies (Envoy: microseconds), and
+    // The `_gauge` variants hold the last request's latencies (Envoy: microseconds; the
+    // predicted TPOT needs 50 TPOT samples, which these short streams may not give), and
     // the prediction's duration is timed on a sample of the decisions (1 in 16 per
     // worker, the first included).
     for gauge in [
         "inference_objective_request_ttft_seconds_gauge",
         "inference_objective_request_predicted_ttft_seconds_gauge",
         "inference_objective_request_tpot_seconds_gauge",
-        "inference_objective_request_predicted_tpot_seconds_gauge",
     ] {
         let v = sum(&prom, gauge);
         assert!(v > 0.0 && v < 2.0 * 5e6, "{gauge} {v}");
