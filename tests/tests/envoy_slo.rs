@@ -114,7 +114,6 @@ fn the_predictor_learns_from_the_streams_envoy_relays_and_exports_its_metrics() 
     });
     for gauge in [
         "inference_objective_request_predicted_ttft_seconds_gauge",
-        "llm_d_epp_request_predicted_ttft_seconds_gauge",
         "inference_objective_request_tpot_seconds_gauge",
     ] {
         let v = sum(&own, gauge);
@@ -125,6 +124,17 @@ fn the_predictor_learns_from_the_streams_envoy_relays_and_exports_its_metrics() 
         "llm_d_epp_request_tpot_prediction_duration_seconds_count",
     ] {
         assert!(sum(&own, h) >= 1.0, "{h} in\n{own}");
+    }
+    // The last timed prediction's duration (microseconds; 0 when under one).
+    for gauge in [
+        "inference_objective_request_ttft_prediction_duration_seconds_gauge",
+        "inference_objective_request_tpot_prediction_duration_seconds_gauge",
+    ] {
+        assert!(
+            own.lines().any(|l| l.starts_with(gauge)),
+            "{gauge} in\n{own}"
+        );
+        assert!(sum(&own, gauge) < 0.01, "{gauge} {}", sum(&own, gauge));
     }
 
     // An SLO nothing can meet: still served (priority 0 is not sheddable), counted as

@@ -650,7 +650,6 @@ pub const OBJECTIVE_PREDICTED_TTFT_GAUGE: Metric = Metric {
     labels: OBJECTIVE_LABELS,
     help: "Time to first token the latency predictor expected for the last request observed.",
     unit: Unit::Micros,
-    twin: twin("llm_d_epp_request_predicted_ttft_seconds_gauge"),
     ..BASE
 };
 
@@ -671,7 +670,6 @@ pub const OBJECTIVE_PREDICTED_TPOT_GAUGE: Metric = Metric {
     labels: OBJECTIVE_LABELS,
     help: "Time per output token the latency predictor expected for the last streamed request observed.",
     unit: Unit::Micros,
-    twin: twin("llm_d_epp_request_predicted_tpot_seconds_gauge"),
     ..BASE
 };
 
@@ -704,6 +702,26 @@ pub const OBJECTIVE_TPOT_PREDICTION_DURATION: Metric = Metric {
     unit: Unit::Micros,
     buckets: PREDICTION_BUCKETS,
     twin: twin("llm_d_epp_request_tpot_prediction_duration_seconds"),
+    ..BASE
+};
+
+/// The last prediction's duration ([`OBJECTIVE_TTFT_PREDICTION_DURATION`]'s gauge).
+pub const OBJECTIVE_TTFT_PREDICTION_DURATION_GAUGE: Metric = Metric {
+    name: "inference_objective_request_ttft_prediction_duration_seconds_gauge",
+    kind: Kind::Level,
+    labels: OBJECTIVE_LABELS,
+    help: "Time the last timed in-filter prediction took (TTFT and TPOT in one pass).",
+    unit: Unit::Micros,
+    ..BASE
+};
+
+/// The last prediction's duration ([`OBJECTIVE_TPOT_PREDICTION_DURATION`]'s gauge).
+pub const OBJECTIVE_TPOT_PREDICTION_DURATION_GAUGE: Metric = Metric {
+    name: "inference_objective_request_tpot_prediction_duration_seconds_gauge",
+    kind: Kind::Level,
+    labels: OBJECTIVE_LABELS,
+    help: "Time the last timed in-filter prediction took (TTFT and TPOT in one pass).",
+    unit: Unit::Micros,
     ..BASE
 };
 
@@ -829,6 +847,8 @@ pub const ALL: &[Metric] = &[
     OBJECTIVE_PREDICTED_TPOT_GAUGE,
     OBJECTIVE_TTFT_PREDICTION_DURATION,
     OBJECTIVE_TPOT_PREDICTION_DURATION,
+    OBJECTIVE_TTFT_PREDICTION_DURATION_GAUGE,
+    OBJECTIVE_TPOT_PREDICTION_DURATION_GAUGE,
     OBJECTIVE_SLO_VIOLATION,
     OBJECTIVE_TTFT_SLO_VIOLATION,
     OBJECTIVE_TPOT_SLO_VIOLATION,

@@ -155,17 +155,20 @@ pub fn route(
             s.ns / 1_000,
         );
         if s.extension_point == crate::scheduler::PREDICTION_POINT {
-            let labels = [input.model.as_str(), input.target.as_str()];
-            stats::observe(
-                &metrics::OBJECTIVE_TTFT_PREDICTION_DURATION,
-                &labels,
-                s.ns / 1_000,
-            );
-            stats::observe(
-                &metrics::OBJECTIVE_TPOT_PREDICTION_DURATION,
-                &labels,
-                s.ns / 1_000,
-            );
+            let (labels, us) = ([input.model.as_str(), input.target.as_str()], s.ns / 1_000);
+            for (histogram, gauge) in [
+                (
+                    &metrics::OBJECTIVE_TTFT_PREDICTION_DURATION,
+                    &metrics::OBJECTIVE_TTFT_PREDICTION_DURATION_GAUGE,
+                ),
+                (
+                    &metrics::OBJECTIVE_TPOT_PREDICTION_DURATION,
+                    &metrics::OBJECTIVE_TPOT_PREDICTION_DURATION_GAUGE,
+                ),
+            ] {
+                stats::observe(histogram, &labels, us);
+                stats::set(gauge, &labels, us);
+            }
         }
     }
     let (targets, prefill, disaggregated, hit, estimate, expected) = match outcome.routed {
