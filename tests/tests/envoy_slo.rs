@@ -1,11 +1,14 @@
 //! SLO-aware routing end to end through a real Envoy 1.40 (2 workers) in front of
 //! `vllm-sim`: the predictor learns from the streams Envoy relays (every worker's), its
-//! health and the observed/predicted latency metrics reach `/stats/prometheus`, and an
-//! SLO that nothing can meet is counted as violated while the request is still served.
+//! health and the observed/predicted latency metrics reach `/stats/prometheus` (with the
+//! reference's `_gauge` variants and the prediction's duration) and the filter's own
+//! metrics endpoint (with the llm-d router's names), and an SLO that nothing can meet is
+//! counted as violated while the request is still served.
 
 use serde_json::json;
 use tests::envoy::Envoy;
 use tests::eventually;
+use tests::free_port;
 use tests::http;
 use tests::openai::completion;
 use tests::vllm_sim_server::VllmSimServer;
@@ -21,7 +24,9 @@ fn sum(prom: &str, name: &str) -> f64 {
 #[test]
 fn the_predictor_learns_from_the_streams_envoy_relays_and_exports_its_metrics() {
     let servers = VllmSimServer::fast_pool(2);
+    let port = free_port();
     let config = json!({
+        "pool": {"metricsEndpoint": {"port": port}},
         "plugins": [
             {"type": "predicted-latency-producer", "parameters": {"streamingMode": true}},
             {"type": "slo-headroom-tier-filter"},
@@ -78,6 +83,59 @@ fn the_predictor_learns_from_the_streams_envoy_relays_and_exports_its_metrics() 
         ),
         0.0
     );
+    // The `_gauge` variants hold the last request's latencies (Envoy: microseconds; the
+    // predicted TPOT needs 50 TPOT samples, which these short streams may not give), and
+    // the prediction's duration is timed on a sample of the decisions (1 in 16 per
+    // worker, the first included).
+    for gauge in [
+        "inference_objective_request_ttft_seconds_gauge",
+        "inference_objective_request_predicted_ttft_seconds_gauge",
+        "inference_objective_request_tpot_seconds_gauge",
+    ] {
+        let v = sum(&prom, gauge);
+        assert!(v > 0.0 && v < 2.0 * 5e6, "{gauge} {v}");
+    }
+    for h in [
+        "inference_objective_request_ttft_prediction_duration_seconds_count",
+        "inference_objective_request_tpot_prediction_duration_seconds_count",
+    ] {
+        assert!(sum(&prom, h) >= 1.0, "{h}");
+    }
+    // The filter's endpoint: seconds, and both generations of names.
+    let mut own = String::new();
+    eventually(5, || {
+        own = http::get(&format!("127.0.0.1:{port}"), "/metrics")
+            .expect("scrape")
+            .text();
+        sum(
+            &own,
+            "llm_d_epp_request_tpot_prediction_duration_seconds_count",
+        ) >= 1.0
+    });
+    for gauge in [
+        "inference_objective_request_predicted_ttft_seconds_gauge",
+        "inference_objective_request_tpot_seconds_gauge",
+    ] {
+        let v = sum(&own, gauge);
+        assert!(v > 0.0 && v < 10.0, "{gauge} {v} in\n{own}");
+    }
+    for h in [
+        "inference_objective_request_ttft_prediction_duration_seconds_count",
+        "llm_d_epp_request_tpot_prediction_duration_seconds_count",
+    ] {
+        assert!(sum(&own, h) >= 1.0, "{h} in\n{own}");
+    }
+    // The last timed prediction's duration (microseconds; 0 when under one).
+    for gauge in [
+        "inference_objective_request_ttft_prediction_duration_seconds_gauge",
+        "inference_objective_request_tpot_prediction_duration_seconds_gauge",
+    ] {
+        assert!(
+            own.lines().any(|l| l.starts_with(gauge)),
+            "{gauge} in\n{own}"
+        );
+        assert!(sum(&own, gauge) < 0.01, "{gauge} {}", sum(&own, gauge));
+    }
 
     // An SLO nothing can meet: still served (priority 0 is not sheddable), counted as
     // violated.

@@ -632,6 +632,99 @@ pub const OBJECTIVE_PREDICTED_TPOT: Metric = Metric {
     envoy: true,
 };
 
+/// The last observed TTFT per model (the reference's `_gauge` variant of
+/// [`OBJECTIVE_TTFT`]; set by the worker that served the request).
+pub const OBJECTIVE_TTFT_GAUGE: Metric = Metric {
+    name: "inference_objective_request_ttft_seconds_gauge",
+    kind: Kind::Level,
+    labels: OBJECTIVE_LABELS,
+    help: "Time to first token of the last request observed.",
+    unit: Unit::Micros,
+    ..BASE
+};
+
+/// The TTFT predicted for the last request observed ([`OBJECTIVE_PREDICTED_TTFT`]'s gauge).
+pub const OBJECTIVE_PREDICTED_TTFT_GAUGE: Metric = Metric {
+    name: "inference_objective_request_predicted_ttft_seconds_gauge",
+    kind: Kind::Level,
+    labels: OBJECTIVE_LABELS,
+    help: "Time to first token the latency predictor expected for the last request observed.",
+    unit: Unit::Micros,
+    ..BASE
+};
+
+/// The last observed TPOT per model ([`OBJECTIVE_TPOT`]'s gauge).
+pub const OBJECTIVE_TPOT_GAUGE: Metric = Metric {
+    name: "inference_objective_request_tpot_seconds_gauge",
+    kind: Kind::Level,
+    labels: OBJECTIVE_LABELS,
+    help: "Time per output token of the last streamed request observed.",
+    unit: Unit::Micros,
+    ..BASE
+};
+
+/// The TPOT predicted for the last request observed ([`OBJECTIVE_PREDICTED_TPOT`]'s gauge).
+pub const OBJECTIVE_PREDICTED_TPOT_GAUGE: Metric = Metric {
+    name: "inference_objective_request_predicted_tpot_seconds_gauge",
+    kind: Kind::Level,
+    labels: OBJECTIVE_LABELS,
+    help: "Time per output token the latency predictor expected for the last streamed request observed.",
+    unit: Unit::Micros,
+    ..BASE
+};
+
+/// Prediction buckets (seconds): an in-filter prediction over a pool takes microseconds.
+const PREDICTION_BUCKETS: &[f64] = &[
+    0.000_001, 0.000_002, 0.000_005, 0.000_01, 0.000_02, 0.000_05, 0.000_1, 0.000_2, 0.000_5,
+    0.001, 0.01,
+];
+
+/// Time to predict a request's TTFT over all its candidate endpoints (recorded in
+/// microseconds, on the decisions whose plugins are timed). TTFT and TPOT are predicted
+/// in one pass; both histograms record that pass.
+pub const OBJECTIVE_TTFT_PREDICTION_DURATION: Metric = Metric {
+    name: "inference_objective_request_ttft_prediction_duration_seconds",
+    kind: Kind::Histogram,
+    labels: OBJECTIVE_LABELS,
+    help: "Time the in-filter latency predictor took for one request over all its candidate endpoints (TTFT and TPOT in one pass).",
+    unit: Unit::Micros,
+    buckets: PREDICTION_BUCKETS,
+    twin: twin("llm_d_epp_request_ttft_prediction_duration_seconds"),
+    ..BASE
+};
+
+/// [`OBJECTIVE_TTFT_PREDICTION_DURATION`] for TPOT (the same pass).
+pub const OBJECTIVE_TPOT_PREDICTION_DURATION: Metric = Metric {
+    name: "inference_objective_request_tpot_prediction_duration_seconds",
+    kind: Kind::Histogram,
+    labels: OBJECTIVE_LABELS,
+    help: "Time the in-filter latency predictor took for one request over all its candidate endpoints (TTFT and TPOT in one pass).",
+    unit: Unit::Micros,
+    buckets: PREDICTION_BUCKETS,
+    twin: twin("llm_d_epp_request_tpot_prediction_duration_seconds"),
+    ..BASE
+};
+
+/// The last prediction's duration ([`OBJECTIVE_TTFT_PREDICTION_DURATION`]'s gauge).
+pub const OBJECTIVE_TTFT_PREDICTION_DURATION_GAUGE: Metric = Metric {
+    name: "inference_objective_request_ttft_prediction_duration_seconds_gauge",
+    kind: Kind::Level,
+    labels: OBJECTIVE_LABELS,
+    help: "Time the last timed in-filter prediction took (TTFT and TPOT in one pass).",
+    unit: Unit::Micros,
+    ..BASE
+};
+
+/// The last prediction's duration ([`OBJECTIVE_TPOT_PREDICTION_DURATION`]'s gauge).
+pub const OBJECTIVE_TPOT_PREDICTION_DURATION_GAUGE: Metric = Metric {
+    name: "inference_objective_request_tpot_prediction_duration_seconds_gauge",
+    kind: Kind::Level,
+    labels: OBJECTIVE_LABELS,
+    help: "Time the last timed in-filter prediction took (TTFT and TPOT in one pass).",
+    unit: Unit::Micros,
+    ..BASE
+};
+
 /// Requests whose observed latency exceeded their SLO, by `type` (`ttft` or `tpot`): the
 /// reference's one family (and the router's twin).
 pub const OBJECTIVE_SLO_VIOLATION: Metric = Metric {
@@ -748,6 +841,14 @@ pub const ALL: &[Metric] = &[
     OBJECTIVE_PREDICTED_TTFT,
     OBJECTIVE_TPOT,
     OBJECTIVE_PREDICTED_TPOT,
+    OBJECTIVE_TTFT_GAUGE,
+    OBJECTIVE_PREDICTED_TTFT_GAUGE,
+    OBJECTIVE_TPOT_GAUGE,
+    OBJECTIVE_PREDICTED_TPOT_GAUGE,
+    OBJECTIVE_TTFT_PREDICTION_DURATION,
+    OBJECTIVE_TPOT_PREDICTION_DURATION,
+    OBJECTIVE_TTFT_PREDICTION_DURATION_GAUGE,
+    OBJECTIVE_TPOT_PREDICTION_DURATION_GAUGE,
     OBJECTIVE_SLO_VIOLATION,
     OBJECTIVE_TTFT_SLO_VIOLATION,
     OBJECTIVE_TPOT_SLO_VIOLATION,

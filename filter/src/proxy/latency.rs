@@ -167,13 +167,17 @@ pub fn finished(rt: &Runtime, vm_id: u64, ctx: u32, model: &str, target: &str) {
         }
     }
     stats::observe(&metrics::OBJECTIVE_TTFT, &labels, us(truth.ttft_ms));
+    stats::set(&metrics::OBJECTIVE_TTFT_GAUGE, &labels, us(truth.ttft_ms));
     if let Some(p) = t.predicted_ttft_ms {
         stats::observe(&metrics::OBJECTIVE_PREDICTED_TTFT, &labels, us(p));
+        stats::set(&metrics::OBJECTIVE_PREDICTED_TTFT_GAUGE, &labels, us(p));
     }
     if let Some(tpot) = truth.tpot_ms {
         stats::observe(&metrics::OBJECTIVE_TPOT, &labels, us(tpot));
+        stats::set(&metrics::OBJECTIVE_TPOT_GAUGE, &labels, us(tpot));
         if let Some(p) = t.predicted_tpot_ms {
             stats::observe(&metrics::OBJECTIVE_PREDICTED_TPOT, &labels, us(p));
+            stats::set(&metrics::OBJECTIVE_PREDICTED_TPOT_GAUGE, &labels, us(p));
         }
         if t.slo.tpot_ms.is_some_and(|slo| tpot > slo) {
             stats::add(&metrics::OBJECTIVE_TPOT_SLO_VIOLATION, &labels, 1);

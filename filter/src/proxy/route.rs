@@ -154,6 +154,22 @@ pub fn route(
             &[s.extension_point, &s.plugin_type, &s.plugin_name],
             s.ns / 1_000,
         );
+        if s.extension_point == crate::scheduler::PREDICTION_POINT {
+            let (labels, us) = ([input.model.as_str(), input.target.as_str()], s.ns / 1_000);
+            for (histogram, gauge) in [
+                (
+                    &metrics::OBJECTIVE_TTFT_PREDICTION_DURATION,
+                    &metrics::OBJECTIVE_TTFT_PREDICTION_DURATION_GAUGE,
+                ),
+                (
+                    &metrics::OBJECTIVE_TPOT_PREDICTION_DURATION,
+                    &metrics::OBJECTIVE_TPOT_PREDICTION_DURATION_GAUGE,
+                ),
+            ] {
+                stats::observe(histogram, &labels, us);
+                stats::set(gauge, &labels, us);
+            }
+        }
     }
     let (targets, prefill, disaggregated, hit, estimate, expected) = match outcome.routed {
         Routed::Chosen {

@@ -157,6 +157,10 @@ pub struct PluginSample {
     pub ns: u64,
 }
 
+/// The extension point under which a [`Probe`] times the latency predictor (the
+/// reference runs its `predicted-latency-producer` as a `PrepareData` plugin).
+pub const PREDICTION_POINT: &str = "PrepareData";
+
 /// Measures plugins when a clock is given. Consecutive measurements share their boundary
 /// (the end of one plugin is the start of the next), so `n` plugins cost `n + 1` clock
 /// reads; the little work between two plugins counts towards the second.
@@ -409,14 +413,25 @@ impl Scheduler {
         }
         let (hashes, prefix, block_size_tokens, prior) = self.prepare(request, candidates, index);
         let estimates = match &self.latency {
-            Some(settings) => latency::estimate(
-                settings,
-                request.latency,
-                request.input_tokens(),
-                request.slo,
-                candidates,
-                &prefix,
-            ),
+            Some(settings) => {
+                let start = probe.now();
+                let estimates = latency::estimate(
+                    settings,
+                    request.latency,
+                    request.input_tokens(),
+                    request.slo,
+                    candidates,
+                    &prefix,
+                );
+                probe.record(
+                    PREDICTION_POINT,
+                    latency::producer::TYPE,
+                    latency::producer::TYPE,
+                    start,
+                );
+                probe.pause();
+                estimates
+            }
             None => Vec::new(),
         };
         if self.slo_admitter

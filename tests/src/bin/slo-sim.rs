@@ -49,6 +49,7 @@ const HELP: &str = "slo-sim: SLO-aware routing in virtual time (host-sim + vllm-
   --window S           accuracy mode: MAPE per window of S seconds [30]
   --max-num-seqs N     per server [16]
   --kv-blocks N        KV blocks of 16 tokens per server [4096]
+  --latency-jitter J   the engines' step jitter (std of a Normal(1, J)) [the profile's, 0.15]
   --workers N          Envoy workers [4]
   --wasm FILE          the filter module [target/wasm32-wasip1/release/epp_filter.wasm]
   --seed N             [1]";
@@ -99,6 +100,7 @@ struct Args {
     window: f64,
     max_num_seqs: usize,
     kv_blocks: usize,
+    jitter: Option<f64>,
     workers: usize,
     wasm: Option<std::path::PathBuf>,
     seed: u64,
@@ -123,6 +125,7 @@ fn parse_args() -> anyhow::Result<Args> {
         window: 30.0,
         max_num_seqs: 16,
         kv_blocks: 4096,
+        jitter: None,
         workers: 4,
         wasm: None,
         seed: 1,
@@ -164,6 +167,14 @@ fn parse_args() -> anyhow::Result<Args> {
             "--window" => a.window = v.parse().map_err(|_| bad())?,
             "--max-num-seqs" => a.max_num_seqs = v.parse().map_err(|_| bad())?,
             "--kv-blocks" => a.kv_blocks = v.parse().map_err(|_| bad())?,
+            "--latency-jitter" => {
+                a.jitter = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|j: &f64| (0.0..=0.5).contains(j))
+                        .ok_or_else(bad)?,
+                )
+            }
             "--workers" => a.workers = v.parse().map_err(|_| bad())?,
             "--wasm" => a.wasm = Some(v.into()),
             "--seed" => a.seed = v.parse().map_err(|_| bad())?,
@@ -261,13 +272,16 @@ fn world(a: &Args, side: &str) -> anyhow::Result<(Sim, Vec<String>)> {
     });
     let mut sim = Sim::new(cfg)?;
     for (i, e) in eps.iter().enumerate() {
-        let engine = VllmConfig::new(e)
+        let mut engine = VllmConfig::new(e)
             .profile("h100-llama-8b")
             .max_num_seqs(a.max_num_seqs)
             .kv_blocks(a.kv_blocks)
             .max_waiting(100_000)
-            .seed(a.seed.wrapping_add(i as u64))
-            .build();
+            .seed(a.seed.wrapping_add(i as u64));
+        if let Some(j) = a.jitter {
+            engine.engine.latency.jitter = j;
+        }
+        let engine = engine.build();
         sim.add_endpoint(e, Box::new(engine));
     }
     if let Some((n, f)) = a.slow {
@@ -389,12 +403,14 @@ fn p50_p90(v: &[f64]) -> String {
 
 fn outcome(a: &Args) -> anyhow::Result<()> {
     println!(
-        "{} servers (vllm-sim h100-llama-8b, max-num-seqs {}, {} KV blocks of 16 tokens){}, {} Envoy workers; \
+        "{} servers (vllm-sim h100-llama-8b, max-num-seqs {}, {} KV blocks of 16 tokens{}){}, {} Envoy workers; \
          classes interactive (TTFT 300 ms / TPOT 40 ms, objective critical), relaxed (3 s / 150 ms, standard), \
          sheddable (3 s / 150 ms, objective batch = priority −1), shares {:?}; warm-up {} s, measured {} s per step; seed {}",
         a.servers,
         a.max_num_seqs,
         a.kv_blocks,
+        a.jitter
+            .map_or(String::new(), |j| format!(", step jitter {j}")),
         a.slow
             .map_or(String::new(), |(n, f)| format!(", the first {n} {f}× slower")),
         a.workers,
@@ -492,11 +508,13 @@ fn outcome(a: &Args) -> anyhow::Result<()> {
 fn accuracy(a: &Args) -> anyhow::Result<()> {
     let side = "learning";
     println!(
-        "{} servers (vllm-sim h100-llama-8b, max-num-seqs {}, {} KV blocks){}, {} Envoy workers; {}; \
+        "{} servers (vllm-sim h100-llama-8b, max-num-seqs {}, {} KV blocks{}){}, {} Envoy workers; {}; \
          schedule (QPS:s) {:?}; classes' shares {:?}; seed {}",
         a.servers,
         a.max_num_seqs,
         a.kv_blocks,
+        a.jitter
+            .map_or(String::new(), |j| format!(", step jitter {j}")),
         a.slow
             .map_or(String::new(), |(n, f)| format!(", the first {n} {f}× slower")),
         a.workers,
