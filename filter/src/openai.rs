@@ -49,14 +49,20 @@ impl Api {
     /// Classifies a request path; the query string is ignored.
     pub fn from_path(path: &str) -> Api {
         // Byte-wise segment checks, not substring searches: this runs on every request.
-        let path = path.split_once('?').map_or(path, |(p, _)| p).trim_end_matches('/');
+        let path = path
+            .split_once('?')
+            .map_or(path, |(p, _)| p)
+            .trim_end_matches('/');
         let last = path.rsplit_once('/').map_or(path, |(_, l)| l);
         let segments = || path.as_bytes().split(|b| *b == b'/');
         let prefixed = |name: &str| segments().any(|s| s.starts_with(name.as_bytes()));
         let count = segments().count();
         if path.ends_with("/chat/completions") {
             Api::ChatCompletions
-        } else if segments().take(count.saturating_sub(1)).any(|s| s == b"audio") {
+        } else if segments()
+            .take(count.saturating_sub(1))
+            .any(|s| s == b"audio")
+        {
             Api::Audio
         } else if prefixed("conversations") {
             Api::Conversations
