@@ -53,6 +53,8 @@ def totals(wasm, extra, args):
             instructions = float(line.split()[-1])
         elif line.startswith("shared data"):
             in_shared = True
+        elif line.startswith("wasm instructions between"):
+            in_shared = False
         elif in_shared and line.strip():
             shared += float(line.split()[-1])
     return host, callbacks, instructions, shared, r.stdout
