@@ -51,9 +51,9 @@ fn slo_config_with(
     .to_string()
 }
 
-/// 4 engines (KV cache of 1,024 blocks); the first one 2× slower than the others from
-/// the start.
-fn mixed_pool(config: String, seed: u64) -> (Sim, Vec<String>) {
+/// 4 equal engines (h100-llama-8b, 16 sequences, KV cache of 1,024 blocks) behind 4
+/// workers, the ledger invariant checked.
+fn pool_of_four(config: String, seed: u64) -> (Sim, Vec<String>) {
     let eps = endpoints(4);
     let cfg = with_scrape_cluster(SimConfig::new(&config).workers(4).seed(seed));
     let mut sim = Sim::new(cfg).expect("sim starts");
@@ -66,6 +66,12 @@ fn mixed_pool(config: String, seed: u64) -> (Sim, Vec<String>) {
             .seed(seed + i as u64);
         sim.add_endpoint(e, Box::new(engine.build()));
     }
+    (sim, eps)
+}
+
+/// [`pool_of_four`] with the first engine 2× slower than the others from the start.
+fn mixed_pool(config: String, seed: u64) -> (Sim, Vec<String>) {
+    let (mut sim, eps) = pool_of_four(config, seed);
     sim.at(
         0,
         Control::SetCondition(eps[0].clone(), Condition::Slowed(2.0)),
@@ -501,18 +507,7 @@ fn shipped_slo_config(eps: &[String]) -> String {
 /// about the load where the default profile starts missing interactive SLOs. The share
 /// of interactive requests that met their SLO, and of relaxed ones.
 fn overloaded_run(config: String, seed: u64) -> (f64, f64) {
-    let eps = endpoints(4);
-    let cfg = with_scrape_cluster(SimConfig::new(&config).workers(4).seed(seed));
-    let mut sim = Sim::new(cfg).expect("sim starts");
-    sim.add_invariant(within_ledger());
-    for (i, e) in eps.iter().enumerate() {
-        let engine = VllmConfig::new(e)
-            .profile("h100-llama-8b")
-            .max_num_seqs(16)
-            .kv_blocks(1024)
-            .seed(seed + i as u64);
-        sim.add_endpoint(e, Box::new(engine.build()));
-    }
+    let (mut sim, _) = pool_of_four(config, seed);
     let mut rng = Rng::new(seed, 1);
     sim.add_requests(traffic(&mut rng, ms(100), 8.0, 240, &[]));
     let start = 31 * SEC;
