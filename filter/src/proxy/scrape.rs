@@ -120,7 +120,12 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
             if !busy && now.saturating_sub(s.last_round_ms) >= interval {
                 s.last_round_ms = now;
                 let endpoints = endpoints(rt);
-                let own = own_in_flight(now);
+                // One more ledger read per round, only where it is used.
+                let own = if rt.counts_other_replicas() {
+                    own_in_flight(now)
+                } else {
+                    HashMap::new()
+                };
                 // Endpoints that left the pool (discovery, reconfiguration) leave the snapshots.
                 let before = s.results.len();
                 s.results

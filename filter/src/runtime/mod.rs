@@ -76,6 +76,18 @@ pub struct Runtime {
     pub sessions: bool,
 }
 
+impl Runtime {
+    /// Whether a `concurrency-detector` counts the other gateway replicas' requests from
+    /// the servers' reports (`inFlightSource: servers`): only then does a scrape record
+    /// this gateway's own requests in flight at each server.
+    pub fn counts_other_replicas(&self) -> bool {
+        self.resolved.plugins.iter().any(|p| {
+            p.type_name == "concurrency-detector"
+                && p.parameters.get("inFlightSource").and_then(Value::as_str) == Some("servers")
+        })
+    }
+}
+
 /// Loads a JSON configuration (empty: every default).
 pub fn load(text: &str) -> Result<Runtime, ConfigError> {
     from_document(EndpointPickerConfig::parse(text)?)
