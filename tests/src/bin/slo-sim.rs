@@ -401,11 +401,10 @@ fn p50_p90(v: &[f64]) -> String {
     Summary::of(v).map_or("-".into(), |s| format!("{:.0} / {:.0}", s.p50, s.p90))
 }
 
-fn outcome(a: &Args) -> anyhow::Result<()> {
-    println!(
-        "{} servers (vllm-sim h100-llama-8b, max-num-seqs {}, {} KV blocks of 16 tokens{}){}, {} Envoy workers; \
-         classes interactive (TTFT 300 ms / TPOT 40 ms, objective critical), relaxed (3 s / 150 ms, standard), \
-         sheddable (3 s / 150 ms, objective batch = priority −1), shares {:?}; warm-up {} s, measured {} s per step; seed {}",
+/// The pool and the gateway, as both tables' headers describe them.
+fn pool_description(a: &Args) -> String {
+    format!(
+        "{} servers (vllm-sim h100-llama-8b, max-num-seqs {}, {} KV blocks of 16 tokens{}){}, {} Envoy workers",
         a.servers,
         a.max_num_seqs,
         a.kv_blocks,
@@ -414,6 +413,14 @@ fn outcome(a: &Args) -> anyhow::Result<()> {
         a.slow
             .map_or(String::new(), |(n, f)| format!(", the first {n} {f}× slower")),
         a.workers,
+    )
+}
+
+fn outcome(a: &Args) -> anyhow::Result<()> {
+    println!(
+        "{}; classes interactive (TTFT 300 ms / TPOT 40 ms, objective critical), relaxed (3 s / 150 ms, standard), \
+         sheddable (3 s / 150 ms, objective batch = priority −1), shares {:?}; warm-up {} s, measured {} s per step; seed {}",
+        pool_description(a),
         a.mix,
         a.warmup,
         a.seconds,
@@ -508,16 +515,8 @@ fn outcome(a: &Args) -> anyhow::Result<()> {
 fn accuracy(a: &Args) -> anyhow::Result<()> {
     let side = "learning";
     println!(
-        "{} servers (vllm-sim h100-llama-8b, max-num-seqs {}, {} KV blocks{}){}, {} Envoy workers; {}; \
-         schedule (QPS:s) {:?}; classes' shares {:?}; seed {}",
-        a.servers,
-        a.max_num_seqs,
-        a.kv_blocks,
-        a.jitter
-            .map_or(String::new(), |j| format!(", step jitter {j}")),
-        a.slow
-            .map_or(String::new(), |(n, f)| format!(", the first {n} {f}× slower")),
-        a.workers,
+        "{}; {}; schedule (QPS:s) {:?}; classes' shares {:?}; seed {}",
+        pool_description(a),
         side_label(side),
         a.schedule,
         a.mix,
