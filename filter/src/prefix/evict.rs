@@ -6,7 +6,7 @@
 //! server no longer holds a block, it no longer holds anything routed to it before that
 //! block either: [`PrefixIndex::evict_through`] drops all of those at once.
 
-use super::index::PrefixIndex;
+use super::index::{Popped, PrefixIndex};
 
 impl PrefixIndex {
     /// The stamps (insertion positions in `endpoint`'s LRU) of `hashes`, in order, as long
@@ -53,7 +53,7 @@ impl PrefixIndex {
         };
         let mut dropped = 0;
         while self.oldest_stamp(id).is_some_and(|s| s <= stamp) {
-            if self.pop_oldest(id) {
+            if self.pop_oldest(id) == Popped::Live {
                 dropped += 1;
             }
         }
@@ -75,7 +75,9 @@ impl PrefixIndex {
             .get(id as usize)
             .is_some_and(|l| l.stamps.len() > capacity)
         {
-            self.pop_oldest(id);
+            if self.pop_oldest(id) == Popped::Empty {
+                break;
+            }
         }
     }
 
@@ -86,28 +88,6 @@ impl PrefixIndex {
     /// The stamp at the front of the order queue (possibly a stale duplicate).
     fn oldest_stamp(&self, id: u32) -> Option<u64> {
         self.lrus.get(id as usize)?.order.front().map(|(_, s)| *s)
-    }
-
-    /// Pops the front of `id`'s order queue; `true` when it was a live entry (then removed
-    /// from the LRU and from the block's holders).
-    fn pop_oldest(&mut self, id: u32) -> bool {
-        let Some(lru) = self.lrus.get_mut(id as usize) else {
-            return false;
-        };
-        let Some((hash, stamp)) = lru.order.pop_front() else {
-            return false;
-        };
-        if lru.stamps.get(&hash) != Some(&stamp) {
-            return false;
-        }
-        lru.stamps.remove(&hash);
-        if let Some(v) = self.holders.get_mut(&hash) {
-            v.retain(|x| *x != id);
-            if v.is_empty() {
-                self.holders.remove(&hash);
-            }
-        }
-        true
     }
 }
 

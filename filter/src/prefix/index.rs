@@ -6,6 +6,8 @@
 //! remove the endpoint from `holders`. Every worker holds the same content: picks made
 //! anywhere reach every index through [`super::shared`].
 
+use super::holders::Holders;
+use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 use std::collections::VecDeque;
 
@@ -47,10 +49,21 @@ pub(super) struct Lru {
 pub struct PrefixIndex {
     pub(super) ids: HashMap<String, u32>,
     pub(super) lrus: Vec<Lru>,
-    pub(super) holders: HashMap<u64, Vec<u32>>,
+    pub(super) holders: HashMap<u64, Holders>,
     /// What the servers report holding (KV events through `kv-relay`), when
     /// `precise-prefix-cache-scorer` is configured; empty otherwise.
     pub precise: super::precise::PreciseState,
+}
+
+/// What popping the front of an LRU's order queue found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Popped {
+    /// A live entry, now evicted.
+    Live,
+    /// A stale duplicate of an entry refreshed since (nothing evicted).
+    Stale,
+    /// Nothing (an empty queue or an unknown endpoint).
+    Empty,
 }
 
 impl PrefixIndex {
@@ -75,48 +88,72 @@ impl PrefixIndex {
     /// Records that `endpoint` now holds `hashes` (its LRU has `capacity` entries if new).
     pub fn insert(&mut self, endpoint: &str, hashes: &[u64], capacity: usize) {
         let id = self.id(endpoint, capacity);
-        let Some(lru) = self.lrus.get_mut(id as usize) else {
-            return;
-        };
-        // A block inserted within the last quarter of the capacity is not refreshed: it is
-        // far from eviction, and skipping keeps re-sent prompts cheap. (Eviction order can
-        // differ from exact LRU by at most capacity/4 positions.)
-        let fresh_window = (lru.capacity / 4) as u64;
         for &h in hashes {
-            if let Some(&s) = lru.stamps.get(&h) {
-                if lru.clock - s < fresh_window {
-                    continue;
-                }
-            }
-            lru.clock += 1;
-            let stamp = lru.clock;
-            if lru.stamps.insert(h, stamp).is_none() {
-                let holders = self.holders.entry(h).or_default();
-                if !holders.contains(&id) {
-                    holders.push(id);
-                }
-            }
-            lru.order.push_back((h, stamp));
-            while lru.stamps.len() > lru.capacity {
-                let Some((old, stamp)) = lru.order.pop_front() else {
-                    break;
-                };
-                if lru.stamps.get(&old) == Some(&stamp) {
-                    lru.stamps.remove(&old);
-                    if let Some(v) = self.holders.get_mut(&old) {
-                        v.retain(|x| *x != id);
-                        if v.is_empty() {
-                            self.holders.remove(&old);
-                        }
+            let Some(lru) = self.lrus.get_mut(id as usize) else {
+                return;
+            };
+            // A block inserted within the last quarter of the capacity is not refreshed:
+            // it is far from eviction, and skipping keeps re-sent prompts cheap. (Eviction
+            // order can differ from exact LRU by at most capacity/4 positions.)
+            let fresh_window = (lru.capacity / 4) as u64;
+            let stamp = lru.clock + 1;
+            let new = match lru.stamps.entry(h) {
+                Entry::Occupied(mut o) => {
+                    if lru.clock - *o.get() < fresh_window {
+                        continue;
                     }
+                    o.insert(stamp);
+                    false
                 }
+                Entry::Vacant(v) => {
+                    v.insert(stamp);
+                    true
+                }
+            };
+            lru.clock = stamp;
+            lru.order.push_back((h, stamp));
+            let (full, bloated) = (
+                lru.stamps.len() > lru.capacity,
+                lru.order.len() > 2 * lru.capacity + 64,
+            );
+            if new {
+                self.holders.entry(h).or_default().insert(id);
             }
-            // Drop stale duplicates so the order queue stays bounded.
-            if lru.order.len() > 2 * lru.capacity + 64 {
-                let stamps = &lru.stamps;
-                lru.order.retain(|(h, s)| stamps.get(h) == Some(s));
+            if full {
+                while self.pop_oldest(id) == Popped::Stale {}
+            }
+            if bloated {
+                // Drop stale duplicates so the order queue stays bounded.
+                if let Some(lru) = self.lrus.get_mut(id as usize) {
+                    let stamps = &lru.stamps;
+                    lru.order.retain(|(h, s)| stamps.get(h) == Some(s));
+                }
             }
         }
+    }
+
+    /// Pops the front of `id`'s order queue: a live entry is removed from the LRU and from
+    /// the block's holders.
+    pub(super) fn pop_oldest(&mut self, id: u32) -> Popped {
+        let Some(lru) = self.lrus.get_mut(id as usize) else {
+            return Popped::Empty;
+        };
+        let Some((hash, stamp)) = lru.order.pop_front() else {
+            return Popped::Empty;
+        };
+        match lru.stamps.entry(hash) {
+            Entry::Occupied(o) if *o.get() == stamp => {
+                o.remove();
+            }
+            _ => return Popped::Stale,
+        }
+        if let Entry::Occupied(mut o) = self.holders.entry(hash) {
+            o.get_mut().remove(id);
+            if o.get().is_empty() {
+                o.remove();
+            }
+        }
+        Popped::Live
     }
 
     /// For each candidate address, how many leading blocks of `hashes` it holds: the walk
@@ -130,7 +167,7 @@ impl PrefixIndex {
         let total = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
         let mut counts: Vec<u32> = vec![0; self.lrus.len()];
         for h in hashes {
-            match self.holders.get(h) {
+            match self.holders.get(h).map(Holders::as_slice) {
                 Some(ids) if !ids.is_empty() => {
                     for id in ids {
                         if let Some(c) = counts.get_mut(*id as usize) {

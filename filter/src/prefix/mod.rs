@@ -1,7 +1,8 @@
 //! The approximate prefix-cache index, learned from our own routing decisions.
 //!
 //! * [`hash`] — chained, model-seeded xxhash64 block hashes of a prompt.
-//! * [`index`] — this VM's index: per-endpoint LRU of block hashes, and hash → holders.
+//! * [`index`] — this VM's index: per-endpoint LRU of block hashes, and hash → holders
+//!   ([`holders`]: a block's endpoints, inline up to three).
 //! * [`shared`] — how every worker's index learns every pick: a ring log in shared data.
 //! * [`rendezvous`] — the prior for prompts this gateway has not seen (replicas agree).
 //! * [`feedback`] — the servers' `cached_tokens` against the index's prediction: detected
@@ -12,6 +13,7 @@
 pub mod evict;
 pub mod feedback;
 pub mod hash;
+pub mod holders;
 pub mod index;
 pub mod precise;
 pub mod rendezvous;
