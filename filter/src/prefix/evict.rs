@@ -12,17 +12,10 @@ impl PrefixIndex {
     /// The stamps (insertion positions in `endpoint`'s LRU) of `hashes`, in order, as long
     /// as the endpoint holds them (the result stops at the first it does not hold).
     pub fn stamps(&self, endpoint: &str, hashes: &[u64]) -> Vec<u64> {
-        let Some(lru) = self
-            .ids
-            .get(endpoint)
-            .and_then(|id| self.lrus.get(*id as usize))
-        else {
+        let Some(id) = self.lru_of(endpoint) else {
             return Vec::new();
         };
-        hashes
-            .iter()
-            .map_while(|h| lru.stamps.get(h).copied())
-            .collect()
+        hashes.iter().map_while(|h| self.stamp(id, *h)).collect()
     }
 
     /// Insertions into `endpoint`'s LRU so far (the stamp of the latest; 0 when unknown).
@@ -34,9 +27,8 @@ impl PrefixIndex {
 
     /// Entries of `endpoint` (0 when unknown).
     pub fn entries(&self, endpoint: &str) -> usize {
-        self.lru_of(endpoint).map_or(0, |id| {
-            self.lrus.get(id as usize).map_or(0, |l| l.stamps.len())
-        })
+        self.lru_of(endpoint)
+            .map_or(0, |id| self.lrus.get(id as usize).map_or(0, |l| l.len))
     }
 
     /// The LRU capacity of `endpoint`, when known.
@@ -70,11 +62,7 @@ impl PrefixIndex {
         if let Some(lru) = self.lrus.get_mut(id as usize) {
             lru.capacity = capacity;
         }
-        while self
-            .lrus
-            .get(id as usize)
-            .is_some_and(|l| l.stamps.len() > capacity)
-        {
+        while self.lrus.get(id as usize).is_some_and(|l| l.len > capacity) {
             if self.pop_oldest(id) == Popped::Empty {
                 break;
             }

@@ -38,8 +38,8 @@ pub(super) struct Lru {
     pub(super) capacity: usize,
     /// Insertions so far (the stamp of the next one).
     pub(super) clock: u64,
-    /// hash → stamp of its latest insertion.
-    pub(super) stamps: HashMap<u64, u64>,
+    /// Blocks held (each block's stamp is in its [`Holders`] entry).
+    pub(super) len: usize,
     /// Insertion order (oldest first), with stale duplicates skipped lazily.
     pub(super) order: VecDeque<(u64, u64)>,
 }
@@ -49,7 +49,8 @@ pub(super) struct Lru {
 pub struct PrefixIndex {
     pub(super) ids: HashMap<String, u32>,
     pub(super) lrus: Vec<Lru>,
-    pub(super) holders: HashMap<u64, Holders>,
+    /// Every block held anywhere: its holders and its stamp in each one's LRU.
+    pub(super) blocks: HashMap<u64, Holders>,
     /// What the servers report holding (KV events through `kv-relay`), when
     /// `precise-prefix-cache-scorer` is configured; empty otherwise.
     pub precise: super::precise::PreciseState,
@@ -92,41 +93,33 @@ impl PrefixIndex {
             let Some(lru) = self.lrus.get_mut(id as usize) else {
                 return;
             };
+            let holders = self.blocks.entry(h).or_default();
             // A block inserted within the last quarter of the capacity is not refreshed:
             // it is far from eviction, and skipping keeps re-sent prompts cheap. (Eviction
             // order can differ from exact LRU by at most capacity/4 positions.)
             let fresh_window = (lru.capacity / 4) as u64;
-            let stamp = lru.clock + 1;
-            let new = match lru.stamps.entry(h) {
-                Entry::Occupied(mut o) => {
-                    if lru.clock - *o.get() < fresh_window {
-                        continue;
-                    }
-                    o.insert(stamp);
-                    false
-                }
-                Entry::Vacant(v) => {
-                    v.insert(stamp);
-                    true
-                }
-            };
-            lru.clock = stamp;
-            lru.order.push_back((h, stamp));
-            let (full, bloated) = (
-                lru.stamps.len() > lru.capacity,
-                lru.order.len() > 2 * lru.capacity + 64,
-            );
-            if new {
-                self.holders.entry(h).or_default().insert(id);
+            if holders
+                .stamp(id)
+                .is_some_and(|s| lru.clock - s < fresh_window)
+            {
+                continue;
             }
+            lru.clock += 1;
+            if holders.set(id, lru.clock) {
+                lru.len += 1;
+            }
+            lru.order.push_back((h, lru.clock));
+            let full = lru.len > lru.capacity;
+            let bloated = lru.order.len() > 2 * lru.capacity + 64;
             if full {
                 while self.pop_oldest(id) == Popped::Stale {}
             }
             if bloated {
                 // Drop stale duplicates so the order queue stays bounded.
                 if let Some(lru) = self.lrus.get_mut(id as usize) {
-                    let stamps = &lru.stamps;
-                    lru.order.retain(|(h, s)| stamps.get(h) == Some(s));
+                    let blocks = &self.blocks;
+                    lru.order
+                        .retain(|(h, s)| blocks.get(h).and_then(|b| b.stamp(id)) == Some(*s));
                 }
             }
         }
@@ -141,19 +134,22 @@ impl PrefixIndex {
         let Some((hash, stamp)) = lru.order.pop_front() else {
             return Popped::Empty;
         };
-        match lru.stamps.entry(hash) {
-            Entry::Occupied(o) if *o.get() == stamp => {
-                o.remove();
-            }
-            _ => return Popped::Stale,
+        let Entry::Occupied(mut block) = self.blocks.entry(hash) else {
+            return Popped::Stale;
+        };
+        if !block.get_mut().remove_if(id, stamp) {
+            return Popped::Stale;
         }
-        if let Entry::Occupied(mut o) = self.holders.entry(hash) {
-            o.get_mut().remove(id);
-            if o.get().is_empty() {
-                o.remove();
-            }
+        if block.get().is_empty() {
+            block.remove();
         }
+        lru.len = lru.len.saturating_sub(1);
         Popped::Live
+    }
+
+    /// The stamp of `hash` in endpoint `id`'s LRU, when it holds it.
+    pub(super) fn stamp(&self, id: u32, hash: u64) -> Option<u64> {
+        self.blocks.get(&hash)?.stamp(id)
     }
 
     /// For each candidate address, how many leading blocks of `hashes` it holds: the walk
@@ -167,10 +163,10 @@ impl PrefixIndex {
         let total = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
         let mut counts: Vec<u32> = vec![0; self.lrus.len()];
         for h in hashes {
-            match self.holders.get(h).map(Holders::as_slice) {
-                Some(ids) if !ids.is_empty() => {
-                    for id in ids {
-                        if let Some(c) = counts.get_mut(*id as usize) {
+            match self.blocks.get(h) {
+                Some(holders) if !holders.is_empty() => {
+                    for id in holders.ids() {
+                        if let Some(c) = counts.get_mut(id as usize) {
                             *c += 1;
                         }
                     }
@@ -194,15 +190,14 @@ impl PrefixIndex {
 
     /// Entries over every endpoint's LRU (`inference_extension_prefix_indexer_size`).
     pub fn size(&self) -> usize {
-        self.lrus.iter().map(|l| l.stamps.len()).sum()
+        self.lrus.iter().map(|l| l.len).sum()
     }
 
     /// Whether `endpoint` holds block `hash`.
     pub fn holds(&self, endpoint: &str, hash: u64) -> bool {
         self.ids
             .get(endpoint)
-            .and_then(|id| self.lrus.get(*id as usize))
-            .is_some_and(|l| l.stamps.contains_key(&hash))
+            .is_some_and(|id| self.stamp(*id, hash).is_some())
     }
 }
 

@@ -146,6 +146,8 @@ impl RootContext for Root {
             if let Err(e) = inflight::heartbeat(&HostStore, id, now) {
                 log::warn!("in-flight ledger heartbeat failed: {e:?}");
             }
+            // From every VM that routes (the scrape lease holder may not).
+            scrape::prefix_index_size();
         }
         if let Some(rt) = &self.runtime {
             scrape::tick(rt, id, now);

@@ -17,7 +17,6 @@ use crate::datalayer::{lease, mapping, prometheus};
 use crate::endpoint::Endpoint;
 use crate::inflight::{Ledger, LEDGER_KEY};
 use crate::metrics;
-use crate::prefix::shared;
 use crate::runtime::Runtime;
 use crate::shared_store::{read, update};
 use hashbrown::HashMap;
@@ -166,7 +165,7 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
         }
         if now.saturating_sub(s.last_gauges_ms) >= GAUGE_PERIOD_MS {
             s.last_gauges_ms = now;
-            gauges(rt, &mut s, vm, now);
+            gauges(rt, &mut s, now);
         }
     });
 }
@@ -333,7 +332,7 @@ fn publish(s: &mut Scraper, now: i64) {
     }
 }
 
-fn gauges(rt: &Runtime, s: &mut Scraper, vm: u64, now: i64) {
+fn gauges(rt: &Runtime, s: &mut Scraper, now: i64) {
     let name = rt.pool.name.as_str();
     let snaps: Vec<EndpointSnapshot> = s.results.values().cloned().collect();
     let p = pool_stats(&snaps, now);
@@ -352,14 +351,16 @@ fn gauges(rt: &Runtime, s: &mut Scraper, vm: u64, now: i64) {
         stats::set(&metrics::POOL_PER_POD_QUEUE, &[name, gone], 0);
     }
     s.gauge_pods = pods;
-    // This VM may not pick at all (the main thread's): catch its index up first.
-    let size = vm::with(|state| {
-        if let Err(e) = shared::sync(&HostStore, vm, &mut state.prefix, &mut state.cursor) {
-            log::debug!("prefix log sync failed: {e:?}");
-        }
-        state.prefix.size()
-    })
-    .unwrap_or(0);
-    let size = u64::try_from(size).unwrap_or(u64::MAX);
-    stats::set(&metrics::PREFIX_INDEXER_SIZE, &[], size);
+}
+
+/// Sets the prefix index's size gauge from this VM's copy, if this VM routes (a VM that
+/// never picks, the main thread's, keeps no copy up to date: following every worker's
+/// picks there would double the index's work for one gauge). Every worker's copy learns
+/// the same picks, so any routing VM's size will do; the latest setting is the value.
+pub fn prefix_index_size() {
+    let size = vm::with(|state| (state.decisions > 0).then(|| state.prefix.size())).flatten();
+    if let Some(size) = size {
+        let size = u64::try_from(size).unwrap_or(u64::MAX);
+        stats::set(&metrics::PREFIX_INDEXER_SIZE, &[], size);
+    }
 }
