@@ -12,8 +12,10 @@
 //! load otherwise (conversations, detokenize, multipart audio), with vLLM answering what
 //! it finds wrong.
 
+pub mod json;
+
 use crate::errors::ApiError;
-use serde_json::{Map, Value};
+use json::Json;
 
 /// The request parser's type name in `EndpointPickerConfig` (the only parser).
 pub const PARSER_TYPE: &str = "openai-parser";
@@ -121,14 +123,15 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
     if !api.validated() {
         return Ok(lenient(api, body));
     }
-    let doc: Value = serde_json::from_slice(body)
+    let doc = json::parse(body)
         .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}"), None))?;
     let obj = doc
-        .as_object()
+        .0
+        .as_ref()
         .ok_or_else(|| ApiError::bad_request("request body must be a JSON object", None))?;
     let model = match obj.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
-        Some(Value::String(_)) => {
+        Some(Json::Str(m)) if !m.is_empty() => m.to_string(),
+        Some(Json::Str(_)) => {
             return Err(ApiError::bad_request(
                 "`model` must not be empty",
                 Some("model"),
@@ -148,8 +151,8 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
         }
     };
     let stream = match obj.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
+        None | Some(Json::Null) => false,
+        Some(Json::Bool(b)) => *b,
         Some(_) => {
             return Err(ApiError::bad_request(
                 "`stream` must be a boolean",
@@ -162,7 +165,7 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
         .or_else(|| obj.get("max_completion_tokens"))
         .or_else(|| obj.get("max_output_tokens"))
     {
-        None | Some(Value::Null) => None,
+        None | Some(Json::Null) => None,
         Some(v) => Some(v.as_u64().ok_or_else(|| {
             ApiError::bad_request(
                 "`max_tokens` must be a non-negative integer",
@@ -179,7 +182,7 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
     let include_usage = obj
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
+        .and_then(Json::as_bool)
         .unwrap_or(false);
     Ok(InferenceRequest {
         api,
@@ -193,9 +196,9 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
     })
 }
 
-fn cache_salt(obj: &Map<String, Value>) -> Option<String> {
+fn cache_salt(obj: &Json) -> Option<String> {
     obj.get("cache_salt")
-        .and_then(Value::as_str)
+        .and_then(Json::as_str)
         .map(str::to_string)
 }
 
@@ -215,13 +218,13 @@ fn lenient(api: Api, body: &[u8]) -> InferenceRequest {
     if api == Api::Audio {
         return r; // multipart: routed by load
     }
-    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) else {
+    let Ok(json::Body(Some(obj))) = json::parse(body) else {
         return r;
     };
-    if let Some(Value::String(m)) = obj.get("model") {
-        r.model = m.clone();
+    if let Some(Json::Str(m)) = obj.get("model") {
+        r.model = m.to_string();
     }
-    r.stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    r.stream = obj.get("stream").and_then(Json::as_bool).unwrap_or(false);
     r.cache_salt = cache_salt(&obj);
     let mut out = String::new();
     let fields: &[&str] = match api {
@@ -232,7 +235,7 @@ fn lenient(api: Api, body: &[u8]) -> InferenceRequest {
         _ => &[],
     };
     for f in fields {
-        if let Some(v) = obj.get(*f) {
+        if let Some(v) = obj.get(f) {
             if *f == "messages" {
                 out.push_str(&chat_prompt(Some(v), &mut Vec::new()).unwrap_or_default());
             } else {
@@ -247,16 +250,16 @@ fn lenient(api: Api, body: &[u8]) -> InferenceRequest {
 /// The text in a value: strings as they are, token ids as numbers followed by a space
 /// (so equal token prompts hash equally), lists in order, objects by their `text` or
 /// `content` field.
-fn text_of(v: &Value, out: &mut String) {
+fn text_of(v: &Json, out: &mut String) {
     match v {
-        Value::String(s) => out.push_str(s),
-        Value::Number(n) => {
+        Json::Str(s) => out.push_str(s),
+        Json::Number(n) => {
             out.push_str(&n.to_string());
             out.push(' ');
         }
-        Value::Array(items) => items.iter().for_each(|i| text_of(i, out)),
-        Value::Object(o) => {
-            if let Some(t) = o.get("text").or_else(|| o.get("content")) {
+        Json::Array(items) => items.iter().for_each(|i| text_of(i, out)),
+        Json::Object(_) => {
+            if let Some(t) = v.get("text").or_else(|| v.get("content")) {
                 text_of(t, out);
             }
         }
@@ -266,27 +269,27 @@ fn text_of(v: &Value, out: &mut String) {
 
 /// The Responses API prompt: `instructions`, then `input` (a string, or items with a
 /// role and content), as `role: content` lines like chat.
-fn responses_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
+fn responses_prompt(obj: &Json) -> Result<String, ApiError> {
     let mut out = String::new();
-    if let Some(Value::String(i)) = obj.get("instructions") {
+    if let Some(Json::Str(i)) = obj.get("instructions") {
         out.push_str("system: ");
         out.push_str(i);
         out.push('\n');
     }
     match obj.get("input") {
-        Some(Value::String(s)) => {
+        Some(Json::Str(s)) => {
             out.push_str("user: ");
             out.push_str(s);
             out.push('\n');
         }
-        Some(Value::Array(items)) => {
+        Some(Json::Array(items)) => {
             for item in items {
-                let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+                let role = item.get("role").and_then(Json::as_str).unwrap_or("user");
                 out.push_str(role);
                 out.push_str(": ");
                 match item {
-                    Value::Object(o) => {
-                        if let Some(c) = o.get("content") {
+                    Json::Object(_) => {
+                        if let Some(c) = item.get("content") {
                             text_of(c, &mut out);
                         }
                     }
@@ -295,7 +298,7 @@ fn responses_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
                 out.push('\n');
             }
         }
-        None | Some(Value::Null) => {
+        None | Some(Json::Null) => {
             return Err(ApiError::bad_request(
                 "missing required field `input`",
                 Some("input"),
@@ -311,7 +314,7 @@ fn responses_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
     Ok(out)
 }
 
-fn completion_prompt(v: Option<&Value>) -> Result<String, ApiError> {
+fn completion_prompt(v: Option<&Json>) -> Result<String, ApiError> {
     let bad = || {
         ApiError::bad_request(
             "`prompt` must be a string or a list of strings",
@@ -319,18 +322,18 @@ fn completion_prompt(v: Option<&Value>) -> Result<String, ApiError> {
         )
     };
     match v {
-        None | Some(Value::Null) => Err(ApiError::bad_request(
+        None | Some(Json::Null) => Err(ApiError::bad_request(
             "missing required field `prompt`",
             Some("prompt"),
         )),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(items)) => {
+        Some(Json::Str(s)) => Ok(s.to_string()),
+        Some(Json::Array(items)) => {
             let mut out = String::new();
             for item in items {
                 match item {
-                    Value::String(s) => out.push_str(s),
+                    Json::Str(s) => out.push_str(s),
                     // Token-id prompts: keep the ids as text so equal prompts hash equally.
-                    Value::Number(n) => {
+                    Json::Number(n) => {
                         out.push_str(&n.to_string());
                         out.push(' ');
                     }
@@ -357,10 +360,10 @@ impl InferenceRequest {
     }
 }
 
-fn chat_prompt(v: Option<&Value>, spans: &mut Vec<(u32, u32)>) -> Result<String, ApiError> {
+fn chat_prompt(v: Option<&Json>, spans: &mut Vec<(u32, u32)>) -> Result<String, ApiError> {
     let messages = match v {
-        Some(Value::Array(m)) if !m.is_empty() => m,
-        Some(Value::Array(_)) | None | Some(Value::Null) => {
+        Some(Json::Array(m)) if !m.is_empty() => m,
+        Some(Json::Array(_)) | None | Some(Json::Null) => {
             return Err(ApiError::bad_request(
                 "`messages` must hold at least one message",
                 Some("messages"),
@@ -375,19 +378,22 @@ fn chat_prompt(v: Option<&Value>, spans: &mut Vec<(u32, u32)>) -> Result<String,
     };
     let mut out = String::new();
     for message in messages {
-        let obj = message.as_object().ok_or_else(|| {
-            ApiError::bad_request("each message must be an object", Some("messages"))
-        })?;
-        let role = obj.get("role").and_then(Value::as_str).unwrap_or("");
+        if !matches!(message, Json::Object(_)) {
+            return Err(ApiError::bad_request(
+                "each message must be an object",
+                Some("messages"),
+            ));
+        }
+        let role = message.get("role").and_then(Json::as_str).unwrap_or("");
         out.push_str(role);
         out.push_str(": ");
         let content_start = out.len();
-        match obj.get("content") {
-            Some(Value::String(s)) => out.push_str(s),
+        match message.get("content") {
+            Some(Json::Str(s)) => out.push_str(s),
             // Content parts: keep the text parts, in order.
-            Some(Value::Array(parts)) => {
+            Some(Json::Array(parts)) => {
                 for part in parts {
-                    if let Some(text) = part.get("text").and_then(Value::as_str) {
+                    if let Some(text) = part.get("text").and_then(Json::as_str) {
                         out.push_str(text);
                     }
                 }
