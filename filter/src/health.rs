@@ -150,17 +150,25 @@ fn prune(list: &mut Vec<EndpointHealth>, now_ms: i64, base: i64, policy: &Passiv
 /// Moves the ejected candidates to the end (the others keep their order) and returns
 /// how many are not ejected — or all of them when every one is (panic mode).
 pub fn partition(candidates: &mut [Candidate], list: &[EndpointHealth], now_ms: i64) -> usize {
-    if list.iter().all(|h| now_ms >= h.ejected_until_ms) {
+    // One pass over the list, one lookup per candidate: a pool of hundreds of endpoints
+    // with many ejected must not cost candidates × ejections.
+    let ejected: hashbrown::HashSet<&str> = list
+        .iter()
+        .filter(|h| now_ms < h.ejected_until_ms)
+        .map(|h| h.endpoint.as_str())
+        .collect();
+    if ejected.is_empty() {
         return candidates.len();
     }
     let live = candidates
         .iter()
-        .filter(|c| !is_ejected(list, &c.address, now_ms))
+        .filter(|c| !ejected.contains(c.address.as_str()))
         .count();
     if live == 0 || live == candidates.len() {
         return candidates.len();
     }
-    candidates.sort_by_key(|c| is_ejected(list, &c.address, now_ms));
+    // Stable: each group keeps its order.
+    candidates.sort_by_key(|c| ejected.contains(c.address.as_str()));
     live
 }
 

@@ -5,7 +5,8 @@
 //!
 //! `[HOST_SIM_FUEL=1] cargo run --release -p host-sim --bin host-calls -- [--flow-control] [--stream]
 //!  [--tokens N] [--prompt-kib K] [--queued Q] [--requests N] [--rate R] [--fields]
-//!  [--config JSON] [--wasm PATH]` (`--fields`: the size of the shared records mid-run, by
+//!  [--config JSON] [--wasm PATH] [--endpoints N]` (`--endpoints`: servers in the pool, default 2;
+//!  `--fields`: the size of the shared records mid-run, by
 //!  field; `--wasm`: another build of the filter, e.g. to compare before and after a change)
 //!
 //! Two runs of the same length in the same simulated Envoy (2 workers, 2 servers, metrics
@@ -28,6 +29,7 @@ struct Args {
     stream: bool,
     tokens: u32,
     prompt_kib: usize,
+    endpoints: usize,
     queued: usize,
     requests: usize,
     rate: f64,
@@ -42,6 +44,7 @@ fn parse() -> anyhow::Result<Args> {
         stream: false,
         tokens: 16,
         prompt_kib: 0,
+        endpoints: 2,
         queued: 0,
         requests: 500,
         rate: 500.0,
@@ -60,6 +63,7 @@ fn parse() -> anyhow::Result<Args> {
             "--stream" => a.stream = true,
             "--tokens" => a.tokens = value()?.parse()?,
             "--prompt-kib" => a.prompt_kib = value()?.parse()?,
+            "--endpoints" => a.endpoints = value()?.parse()?,
             "--queued" => a.queued = value()?.parse()?,
             "--requests" => a.requests = value()?.parse()?,
             "--rate" => a.rate = value()?.parse()?,
@@ -75,11 +79,16 @@ fn parse() -> anyhow::Result<Args> {
     Ok(a)
 }
 
-const SERVERS: [&str; 2] = ["10.0.0.1:8000", "10.0.0.2:8000"];
+/// The pool's servers: `10.0.x.y:8000`.
+fn servers(a: &Args) -> Vec<String> {
+    (0..a.endpoints.max(1))
+        .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250 + 1))
+        .collect()
+}
 
 fn config(a: &Args) -> Value {
     let mut c = a.config.clone().unwrap_or_else(|| json!({}));
-    c["pool"]["endpoints"] = json!(SERVERS);
+    c["pool"]["endpoints"] = json!(servers(a));
     if a.flow_control {
         c["featureGates"] = json!(["flowControl"]);
         if a.queued > 0 {
@@ -108,7 +117,7 @@ fn run(a: &Args, requests: usize, end: u64) -> anyhow::Result<(Counts, Counts, C
         dst_header: "x-envoy-original-dst-host".into(),
     });
     let mut sim = Sim::new(cfg)?;
-    for s in SERVERS {
+    for s in &servers(a) {
         let server: Box<dyn Upstream> = Box::new(
             SimpleUpstream::new(s)
                 .ttft(ms(2))
