@@ -68,6 +68,8 @@ def parser():
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--kv-blocks", type=int)
     p.add_argument("--warmup", type=float)
+    # prefix-cache
+    p.add_argument("--precise-config", help="the KV-events side's filter configuration")
     # sched
     p.add_argument("--warm-up-time", type=float, default=1)
     p.add_argument("--measurement-time", type=float, default=2)
@@ -125,7 +127,8 @@ def prefix_cache_options(a):
         qps=common.split_list(given(a.qps, "4,8"), float), groups=given(a.groups, 32),
         prompts_per_group=a.prompts_per_group, system_prompt_len=given(a.system_prompt_len, 1024),
         question_len=given(a.question_len, 128), output_len=given(a.output_len, 64),
-        max_num_seqs=a.max_num_seqs, kv_blocks=given(a.kv_blocks, 384), warmup=given(a.warmup, 10))
+        max_num_seqs=a.max_num_seqs, kv_blocks=given(a.kv_blocks, 384), warmup=given(a.warmup, 10),
+        precise_config=a.precise_config or "")
 
 
 def sched_options(a):

@@ -54,6 +54,8 @@ class PrefixCacheOptions:
     max_num_seqs: int = 8
     kv_blocks: int = 384
     warmup: float = 10
+    # The KV-events side's filter configuration (default: prefix-kv-events.json).
+    precise_config: str = ""
 
 
 def sim_args(o):
@@ -101,10 +103,17 @@ def start_relay(procs, specs):
     return wait_for("kv-relay", read, p, 20)
 
 
+def sides_of(o):
+    """SIDES, with the KV-events side's configuration replaced by --precise-config."""
+    if not o.precise_config:
+        return SIDES
+    return [(n, os.path.abspath(o.precise_config) if events else c, events) for n, c, events in SIDES]
+
+
 def start_sides(o, procs):
     """{side: {"url", "admin", "sims", "relay"}}, each with its own fresh pool."""
     sides = {}
-    for i, (name, config, events) in enumerate(SIDES):
+    for i, (name, config, events) in enumerate(sides_of(o)):
         tag = f"p{i}-sim"
         relay, extra = None, []
         if events:
@@ -222,7 +231,7 @@ def run(o, procs):
         f"Setup: per side, its own {o.servers} × `vllm-sim {' '.join(sim_args(o))}` (seeds 0..{o.servers - 1}, "
         f"identical across sides; on the KV-events side with `--kv-events-config` publishing over ZMQ and a "
         f"`kv-relay` following them); Envoy 1.40 `--concurrency {o.workers}` with the filter configured by "
-        + ", ".join(f"`scripts/lib/bench/{c}` ({n})" for n, c, _ in SIDES)
+        + ", ".join(f"`{os.path.relpath(os.path.join(CONFIGS, c), ROOT)}` ({n})" for n, c, _ in sides_of(o))
         + f". Workload: {o.groups} groups × {o.prompts_per_group} prompts, system {o.system_prompt_len} + "
         f"question {o.question_len} tokens, output {o.output_len} (ignore_eos), streamed `/v1/completions` "
         f"with usage, Poisson arrivals (same seed for every side), {o.seconds:g} s per step after a "
