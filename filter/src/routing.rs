@@ -162,8 +162,25 @@ pub fn route(
                         &d.hashes,
                         usize::try_from(cap).unwrap_or(usize::MAX),
                     );
-                    if !d.hashes.is_empty() {
-                        match shared::publish(store, pick.vm, &c.address, &d.hashes, cap) {
+                    let (speculative, speculative_until_ms) = match &scheduler.precise {
+                        Some(p) => (
+                            index.precise.speculate(
+                                p,
+                                &c.address,
+                                &d.precise_keys,
+                                pick.request.now_ms,
+                            ),
+                            p.speculation_end(pick.request.now_ms),
+                        ),
+                        None => (Vec::new(), 0),
+                    };
+                    let picked = shared::Picked {
+                        hashes: &d.hashes,
+                        speculative: &speculative,
+                        speculative_until_ms,
+                    };
+                    if !d.hashes.is_empty() || !speculative.is_empty() {
+                        match shared::publish(store, pick.vm, &c.address, picked, cap) {
                             Ok(seq) => cursor.published(seq),
                             Err(e) => log::debug!("prefix log publish failed: {e:?}"),
                         }
@@ -454,6 +471,116 @@ mod tests {
             panic!("nothing chosen");
         };
         assert!(!expected.unwrap().correct);
+    }
+
+    /// `precise-prefix-cache-scorer` with speculative entries on or off.
+    fn precise(speculative: bool) -> crate::runtime::Runtime {
+        crate::runtime::load(
+            &serde_json::json!({
+                "plugins": [
+                    {"type": "precise-prefix-cache-scorer",
+                     "parameters": {"speculativeIndexing": speculative}},
+                    {"type": "max-score-picker"}
+                ],
+                "schedulingProfiles": [{"name": "default", "plugins": [
+                    {"pluginRef": "precise-prefix-cache-scorer"}, {"pluginRef": "max-score-picker"}
+                ]}]
+            })
+            .to_string(),
+        )
+        .unwrap()
+    }
+
+    /// A relay answer: every candidate known with `blockSize` 16, holding `held` on the
+    /// first (`full`: a snapshot, else the changes since version 1, removing `removed`).
+    fn relay(cands: &[Candidate], full: bool, held: &[u64], removed: &[u64]) -> String {
+        let servers: Vec<_> = cands
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let (add, remove) = if i == 0 {
+                    (held, removed)
+                } else {
+                    (&[][..], &[][..])
+                };
+                serde_json::json!({"endpoint": c.address, "blockSize": 16, "stale": false,
+                                   "clear": full, "add": add, "remove": remove})
+            })
+            .collect();
+        serde_json::json!({"epoch": 1, "version": if full { 1 } else { 2 }, "full": full,
+                           "servers": servers})
+        .to_string()
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_pick_is_credited_speculatively_on_every_worker_until_the_relay_reports_the_block() {
+        let prompt = "abcd".repeat(64); // 4 blocks of 16 vllm-sim tokens
+        let keys = crate::prefix::precise::keys(
+            "m",
+            &crate::prefix::sim_tokens::encode(&prompt, usize::MAX),
+            16,
+            256,
+        );
+        let hit = |r: Routed| match r {
+            Routed::Chosen { hit, targets, .. } => (targets[0].clone(), hit.unwrap().matched),
+            other => panic!("{other:?}"),
+        };
+        for speculative in [true, false] {
+            let rt = precise(speculative);
+            let cfg = rt.scheduler.precise.clone().unwrap();
+            let store = MemoryStore::default();
+            let mut cands = candidates(3);
+            let snapshot = relay(&cands, true, &[], &[]);
+            let (mut one, mut two) = (PrefixIndex::new(), PrefixIndex::new());
+            for ix in [&mut one, &mut two] {
+                ix.precise.apply(snapshot.as_bytes(), 1_000, &cfg).unwrap();
+            }
+            // Worker 1 routes the prompt: no server reports it yet.
+            let (first, matched) = hit(pick_once(
+                &store,
+                &rt.scheduler,
+                &mut one,
+                1,
+                &prompt,
+                &mut cands,
+            ));
+            assert_eq!(matched, 0);
+            // Worker 2, before the relay reports anything, learns the pick from the log.
+            shared::sync(&store, 2, &mut two, &mut Cursor::default()).unwrap();
+            let (second, matched) = hit(pick_once(
+                &store,
+                &rt.scheduler,
+                &mut two,
+                2,
+                &prompt,
+                &mut cands,
+            ));
+            if !speculative {
+                assert_eq!(matched, 0, "off: nothing credited before the relay reports");
+                continue;
+            }
+            assert_eq!((second.as_str(), matched), (first.as_str(), 4));
+            // Still credited on worker 1 at the end of the TTL, not after.
+            let at = |ix: &PrefixIndex, now: i64| {
+                let (m, _) =
+                    ix.precise
+                        .matches(&cfg, "m", &prompt, [first.as_str()].into_iter(), now);
+                m[0].unwrap().matched
+            };
+            assert_eq!(at(&one, 1_000 + 2_000), 4);
+            assert_eq!(at(&one, 1_000 + 2_001), 0);
+            // The relay reports the first block evicted there: the credit ends at once.
+            let i = cands.iter().position(|c| c.address == first).unwrap();
+            cands.swap(0, i);
+            let evicted = relay(&cands, false, &[], &keys[..1]);
+            two.precise.apply(evicted.as_bytes(), 1_100, &cfg).unwrap();
+            assert_eq!(at(&two, 1_100), 0);
+            // The relay confirms the blocks: they are its own from then on.
+            let stored = relay(&cands, false, &keys, &[]);
+            one.precise.apply(stored.as_bytes(), 1_100, &cfg).unwrap();
+            assert!(one.precise.speculative.is_empty());
+            assert_eq!(at(&one, 1_000 + 3_000), 4);
+        }
     }
 
     #[wasm_bindgen_test(unsupported = test)]

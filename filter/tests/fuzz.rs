@@ -369,7 +369,12 @@ fn shared_records(input: &[u8]) {
         }
         _ => {
             // A corrupt prefix log slot, announced by a valid head.
-            let _ = epp_filter::prefix::shared::publish(&s, 2, "10.0.0.1:8000", &[1, 2, 3], 100);
+            let picked = epp_filter::prefix::shared::Picked {
+                hashes: &[1, 2, 3],
+                speculative: &[4, 5],
+                speculative_until_ms: 100,
+            };
+            let _ = epp_filter::prefix::shared::publish(&s, 2, "10.0.0.1:8000", picked, 100);
             s.set(&slot_key(0), bytes, 0).unwrap();
             let _ = sync(&s, 1, &mut PrefixIndex::new(), &mut Cursor::default());
         }

@@ -7,7 +7,10 @@
 //!   snapshot of the relay, where the approximate index, empty, can only guess;
 //! * under cache pressure (evictions), the blocks the picker credits the chosen server with
 //!   are what that server then reports cached, where the approximate index, which cannot
-//!   see evictions, over-predicts.
+//!   see evictions, over-predicts;
+//! * a burst of requests for one new prefix, faster than the relay can report the first
+//!   one's blocks, goes to one server (speculative entries), not across the servers that
+//!   report holding the part they share.
 
 mod common;
 
@@ -208,5 +211,73 @@ fn under_evictions_kv_events_predict_the_servers_hits_better_than_the_index() {
     assert!(
         events_held > index_held && events_held > fed_held,
         "predictions that held: events {events_held:.2}, index {index_held:.2}, feedback {fed_held:.2}"
+    );
+}
+
+/// Two servers report holding a system prompt (each was sent it once); then, 2 s later,
+/// 6 requests extending it with one new document arrive 10 ms apart on a 2-worker
+/// gateway, within one relay poll. Returns the servers the burst went to and the cached
+/// tokens the servers reported for it.
+fn burst(speculative: bool) -> (Vec<String>, u64) {
+    let eps = endpoints(4);
+    let mut cfg: Value = serde_json::from_str(&config(&eps, true, true)).unwrap();
+    cfg["plugins"][2]["parameters"] = json!({"relayCluster": "kv-relay",
+        "pollIntervalMs": 200, "speculativeIndexing": speculative});
+    let cfg = SimConfig::new(&cfg.to_string()).workers(2).seed(3);
+    let mut sim = sim_with(cfg, &eps, |addr| {
+        let i: u64 = addr[7..addr.len() - 5].parse().unwrap();
+        VllmConfig::new(addr).seed(i).kv_events(true).build()
+    });
+    sim.add_kv_relay(KvRelayConfig::new("kv-relay").lag(5 * MS));
+    let system = prompt("sys", 16);
+    let mut requests: Vec<RequestSpec> = eps[..2]
+        .iter()
+        .enumerate()
+        .map(|(i, ep)| {
+            RequestSpec::completion(MODEL, &format!("{system} warm {i}"), 4, false)
+                .at(SEC + i as u64 * 100 * MS)
+                .header("x-gateway-destination-endpoint-subset", ep)
+        })
+        .collect();
+    let document = prompt("doc", BLOCKS);
+    let burst = 6;
+    for i in 0..burst {
+        let text = format!("{system}{document} question {i}");
+        requests.push(RequestSpec::completion(MODEL, &text, 4, false).at(3 * SEC + i * 10 * MS));
+    }
+    sim.add_requests(requests);
+    assert!(sim.run_until_answered(60 * SEC).unwrap());
+    let mut went = Vec::new();
+    let mut cached = 0;
+    for i in 0..sim.outcomes().len() {
+        let o = sim.outcome(i);
+        assert_eq!(o.status, Some(200), "{}", o.text());
+        assert_served_where_routed(o);
+        if i >= 2 {
+            went.push(o.endpoint.clone().unwrap());
+            cached += cached_tokens(&sim, i);
+        }
+    }
+    (went, cached)
+}
+
+#[test]
+fn a_burst_for_a_new_prefix_goes_to_one_server_before_the_relay_reports_it() {
+    let (went, cached) = burst(true);
+    assert!(
+        went.iter().all(|e| *e == went[0]),
+        "the burst was spread over {went:?}"
+    );
+    // Without speculative entries both holders of the system prompt score the same until
+    // the relay reports the document's blocks, and the load scorer spreads the burst.
+    let (spread, cached_spread) = burst(false);
+    eprintln!("speculative: {went:?} {cached} cached; without: {spread:?} {cached_spread} cached");
+    assert!(
+        spread.iter().any(|e| *e != spread[0]),
+        "without speculation: {spread:?}"
+    );
+    assert!(
+        cached > cached_spread,
+        "{cached} vs {cached_spread} cached tokens"
     );
 }

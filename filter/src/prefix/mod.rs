@@ -8,7 +8,8 @@
 //! * [`feedback`] — the servers' `cached_tokens` against the index's prediction: detected
 //!   evictions and each endpoint's learned capacity ([`evict`]: the index's side).
 //! * [`precise`] — the blocks each server actually holds, from its KV events through
-//!   `kv-relay` (`precise-prefix-cache-scorer`); [`sim_tokens`] — vllm-sim's tokenizer.
+//!   `kv-relay` (`precise-prefix-cache-scorer`); [`speculative`] — what this gateway just
+//!   routed, credited until the relay reports it; [`sim_tokens`] — vllm-sim's tokenizer.
 
 pub mod evict;
 pub mod feedback;
@@ -19,6 +20,7 @@ pub mod precise;
 pub mod rendezvous;
 pub mod shared;
 pub mod sim_tokens;
+pub mod speculative;
 
 use crate::config::validate::err;
 use crate::config::{ConfigError, Params};

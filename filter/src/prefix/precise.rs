@@ -13,13 +13,15 @@
 //! * Fallback: an endpoint the relay does not know, or marks stale, or a relay not heard
 //!   for `staleAfterMs`, has no precise match: the approximate index answers for it.
 
-use crate::config::validate::err;
+use crate::config::quantity::parse_duration_ms;
+use crate::config::validate::{as_str, err};
 use crate::config::{ConfigError, Params};
 use hashbrown::{HashMap, HashSet};
 use serde_json::Value;
 use xxhash_rust::xxh64::xxh64;
 
 use super::index::PrefixMatch;
+use super::speculative::Speculative;
 
 /// The plugin's type name.
 pub const TYPE: &str = "precise-prefix-cache-scorer";
@@ -36,6 +38,8 @@ pub const PARAMETERS: &[&str] = &[
     "maxServers",
     "maxPrefixBlocksToMatch",
     "tokenizer",
+    "speculativeIndexing",
+    "speculativeTTL",
     // The reference's (llm-d) parameters, refused with a pointer to what replaces them.
     "kvEventsConfig",
     "indexerConfig",
@@ -74,7 +78,13 @@ pub struct PreciseConfig {
     /// Blocks of a prompt matched at most.
     pub max_prefix_blocks: usize,
     pub tokenizer: Tokenizer,
+    /// How long a pick credits the chosen server with the prompt's blocks the relay does not
+    /// report yet (`speculativeIndexing`, `speculativeTTL`; [`super::speculative`]); 0: off.
+    pub speculative_ttl_ms: u64,
 }
+
+/// Default `speculativeTTL`.
+pub const DEFAULT_SPECULATIVE_TTL_MS: u64 = 2_000;
 
 impl PreciseConfig {
     /// Reads the parameters; errors name the field.
@@ -105,6 +115,24 @@ impl PreciseConfig {
                 ))
             }
         };
+        let speculative_ttl_ms = if p.bool("speculativeIndexing", true)? {
+            match p.get("speculativeTTL") {
+                None => DEFAULT_SPECULATIVE_TTL_MS,
+                Some(v) => {
+                    let path = p.path("speculativeTTL");
+                    let text = as_str(v, &path)?;
+                    match parse_duration_ms(text).map_err(|e| err(&path, e))? {
+                        0 => return Err(err(
+                            &path,
+                            "must be positive (speculativeIndexing: false turns speculation off)",
+                        )),
+                        ms => ms,
+                    }
+                }
+            }
+        } else {
+            0
+        };
         let count = |name: &str, default: i64| -> Result<u64, ConfigError> {
             Ok(p.positive(name, default)?.unsigned_abs())
         };
@@ -121,6 +149,7 @@ impl PreciseConfig {
             max_prefix_blocks: usize::try_from(count("maxPrefixBlocksToMatch", 256)?)
                 .unwrap_or(usize::MAX),
             tokenizer,
+            speculative_ttl_ms,
         })
     }
 
@@ -129,6 +158,11 @@ impl PreciseConfig {
         match self.tokenizer {
             Tokenizer::VllmSim => super::sim_tokens::chat_template(messages),
         }
+    }
+
+    /// When a speculative entry recorded at `now_ms` ends.
+    pub fn speculation_end(&self, now_ms: i64) -> i64 {
+        now_ms.saturating_add(i64::try_from(self.speculative_ttl_ms).unwrap_or(i64::MAX))
     }
 
     /// Token ids of a prompt as the servers tokenize it (the prompt already rendered by
@@ -186,7 +220,13 @@ pub struct PreciseState {
     /// Keys not kept because a server was over `maxBlocksPerServer`, or servers over
     /// `maxServers`.
     pub overflow: u64,
+    /// Blocks this gateway routed to a server that the relay does not report yet.
+    pub speculative: Speculative,
 }
+
+/// A prompt's block keys for each block size of the servers it was matched against
+/// (servers of one pool normally share one).
+pub type PromptKeys = Vec<(u32, Vec<u64>)>;
 
 impl PreciseState {
     /// The query asking for the changes since what this VM holds (empty: a snapshot).
@@ -217,6 +257,7 @@ impl PreciseState {
         } else if epoch != self.epoch {
             return Err("relay answer: deltas of another relay run".into());
         }
+        self.speculative.expire(now_ms);
         for s in servers {
             let Some(endpoint) = s.get("endpoint").and_then(Value::as_str) else {
                 continue;
@@ -234,6 +275,10 @@ impl PreciseState {
             entry.stale = s.get("stale").and_then(Value::as_bool).unwrap_or(true);
             if s.get("clear").and_then(Value::as_bool).unwrap_or(false) {
                 entry.keys.clear();
+                // A snapshot clears every server; a change that clears one is a restart.
+                if !full {
+                    self.speculative.forget_server(endpoint);
+                }
             }
             let ints = |k: &str| {
                 s.get(k)
@@ -242,10 +287,14 @@ impl PreciseState {
                     .flatten()
                     .filter_map(Value::as_u64)
             };
+            // A block the relay mentions is no longer speculative: stored, it is confirmed;
+            // removed, the server evicted it.
             for k in ints("remove") {
                 entry.keys.remove(&k);
+                self.speculative.forget(endpoint, k);
             }
             for k in ints("add") {
+                self.speculative.forget(endpoint, k);
                 if entry.keys.len() >= cfg.max_blocks_per_server {
                     self.overflow += 1;
                     continue;
@@ -268,8 +317,9 @@ impl PreciseState {
         (relay_live && !s.stale && s.block_size > 0).then_some(s)
     }
 
-    /// Per candidate address: the prompt's leading blocks the server holds, or `None`
-    /// when its state is unknown or stale (the approximate index answers instead).
+    /// Per candidate address: the prompt's leading blocks the server holds (reported, or
+    /// speculatively credited), or `None` when its state is unknown or stale (the
+    /// approximate index answers instead); and the prompt's keys (for [`Self::speculate`]).
     pub fn matches<'a>(
         &self,
         cfg: &PreciseConfig,
@@ -277,14 +327,14 @@ impl PreciseState {
         prompt: &str,
         candidates: impl Iterator<Item = &'a str>,
         now_ms: i64,
-    ) -> Vec<Option<PrefixMatch>> {
+    ) -> (Vec<Option<PrefixMatch>>, PromptKeys) {
         let candidates: Vec<&str> = candidates.collect();
         let servers: Vec<Option<&ServerBlocks>> = candidates
             .iter()
             .map(|a| self.fresh(a, now_ms, cfg))
             .collect();
         let Some(largest) = servers.iter().flatten().map(|s| s.block_size).max() else {
-            return vec![None; candidates.len()];
+            return (vec![None; candidates.len()], Vec::new());
         };
         let max_tokens = cfg
             .max_prefix_blocks
@@ -298,19 +348,56 @@ impl PreciseState {
             .into_iter()
             .map(|b| (b, keys(model, &tokens, b as usize, cfg.max_prefix_blocks)))
             .collect();
-        servers
+        let matches = servers
             .iter()
-            .map(|s| {
+            .zip(&candidates)
+            .map(|(s, address)| {
                 let s = (*s)?;
                 let (_, keys) = by_size.iter().find(|(b, _)| *b == s.block_size)?;
-                let matched = keys.iter().take_while(|k| s.keys.contains(*k)).count();
+                let matched = keys
+                    .iter()
+                    .take_while(|k| {
+                        s.keys.contains(*k) || self.speculative.holds(address, **k, now_ms)
+                    })
+                    .count();
                 Some(PrefixMatch {
                     matched: u32::try_from(matched).unwrap_or(u32::MAX),
                     total: u32::try_from(keys.len()).unwrap_or(u32::MAX),
                     block_size_tokens: s.block_size,
                 })
             })
-            .collect()
+            .collect();
+        (matches, by_size)
+    }
+
+    /// A request with `keys` ([`Self::matches`]) was routed to `address` at `now_ms`:
+    /// credits the server with the blocks the relay does not report there, until
+    /// `speculativeTTL` has passed, and returns them (for the other workers, through the
+    /// prefix log). Nothing when speculation is off or the relay does not know the server.
+    pub fn speculate(
+        &mut self,
+        cfg: &PreciseConfig,
+        address: &str,
+        keys: &PromptKeys,
+        now_ms: i64,
+    ) -> Vec<u64> {
+        if cfg.speculative_ttl_ms == 0 {
+            return Vec::new();
+        }
+        let Some(server) = self.servers.get(address) else {
+            return Vec::new();
+        };
+        let Some((_, keys)) = keys.iter().find(|(b, _)| *b == server.block_size) else {
+            return Vec::new();
+        };
+        let pending: Vec<u64> = keys
+            .iter()
+            .copied()
+            .filter(|k| !server.keys.contains(k))
+            .collect();
+        self.speculative
+            .add(address, &pending, cfg.speculation_end(now_ms));
+        pending
     }
 }
 
@@ -345,9 +432,21 @@ mod tests {
         assert!(e(json!({"relayCluster": "r", "tokenizer": "hf"})).contains("tokenizer"));
         assert!(e(json!({"relayCluster": "r", "kvEventsConfig": {}})).contains("kv-relay"));
         assert!(e(json!({"relayCluster": "r", "pollIntervalMs": 0})).contains("pollIntervalMs"));
+        assert!(e(json!({"speculativeTTL": "2 seconds"})).contains("speculativeTTL"));
+        assert!(e(json!({"speculativeTTL": "0"})).contains("speculativeIndexing: false"));
         let c = cfg();
         assert_eq!(c.relay_authority, "kv-relay");
         assert_eq!(c.poll_interval_ms, 200);
+        assert_eq!(c.speculative_ttl_ms, DEFAULT_SPECULATIVE_TTL_MS);
+        let with = |v: Value| PreciseConfig::from_parameters(&v, "p").unwrap();
+        assert_eq!(
+            with(json!({"speculativeTTL": "500ms"})).speculative_ttl_ms,
+            500
+        );
+        assert_eq!(
+            with(json!({"speculativeIndexing": false})).speculative_ttl_ms,
+            0
+        );
     }
 
     fn prompt_keys(prompt: &str, bs: usize) -> Vec<u64> {
@@ -374,7 +473,7 @@ mod tests {
         ]});
         s.apply(snap.to_string().as_bytes(), 1_000, &c).unwrap();
         assert_eq!(s.query(), "?epoch=5&since=10");
-        let m = s.matches(
+        let (m, _) = s.matches(
             &c,
             "m",
             &prompt,
@@ -390,7 +489,7 @@ mod tests {
             {"endpoint": "a:1", "blockSize": 16, "stale": false, "add": [], "remove": [k[0]]},
         ]});
         s.apply(delta.to_string().as_bytes(), 1_200, &c).unwrap();
-        let m = s.matches(&c, "m", &prompt, ["a:1", "b:1"].into_iter(), 1_200);
+        let (m, _) = s.matches(&c, "m", &prompt, ["a:1", "b:1"].into_iter(), 1_200);
         assert_eq!(
             m[0].map(|m| m.matched),
             Some(0),
@@ -398,7 +497,7 @@ mod tests {
         );
         assert_eq!(m[1].map(|m| m.matched), Some(1));
         // A relay silent for longer than staleAfterMs: everyone falls back.
-        let m = s.matches(&c, "m", &prompt, ["b:1"].into_iter(), 1_200 + 5_001);
+        let (m, _) = s.matches(&c, "m", &prompt, ["b:1"].into_iter(), 1_200 + 5_001);
         assert_eq!(m, vec![None]);
         // Deltas of another relay run are refused; garbage changes nothing.
         let other = json!({"epoch": 6, "version": 1, "full": false, "servers": []});

@@ -2,7 +2,8 @@
 //!
 //! * `epp.v1.prefix.head` holds the next sequence number (one small CAS record).
 //! * `epp.v1.prefix.log.<seq % RING>` holds the entry with that sequence: which VM
-//!   picked, which endpoint, the request's block hashes and the LRU capacity to use; or,
+//!   picked, which endpoint, the request's block hashes and the LRU capacity to use (with
+//!   `precise-prefix-cache-scorer`, also its speculative entries: `super::speculative`); or,
 //!   marked `resize`, an endpoint's capacity learned from cached-token feedback
 //!   (`super::feedback`: every VM's LRU for it takes that capacity).
 //!
@@ -56,6 +57,25 @@ pub struct Entry {
     /// No hashes: the endpoint's capacity is now `capacity`.
     #[prost(bool, tag = "6")]
     pub resize: bool,
+    /// `precise-prefix-cache-scorer`'s speculative entries: the block keys (the relay's)
+    /// the endpoint is credited with until `speculative_until_ms` ([`super::speculative`]).
+    #[prost(fixed64, repeated, tag = "7")]
+    pub speculative: Vec<u64>,
+    /// Until when (ms) `speculative` is credited.
+    #[prost(int64, tag = "8")]
+    pub speculative_until_ms: i64,
+}
+
+/// A pick's blocks: the approximate index's hashes, and the speculative entries of
+/// `precise-prefix-cache-scorer` (the relay's keys, and until when they are credited).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Picked<'a> {
+    /// The approximate index's block hashes.
+    pub hashes: &'a [u64],
+    /// The relay's keys credited speculatively.
+    pub speculative: &'a [u64],
+    /// Until when (ms) they are.
+    pub speculative_until_ms: i64,
 }
 
 /// The key of a sequence number's slot.
@@ -63,15 +83,22 @@ pub fn slot_key(seq: u64) -> String {
     format!("epp.v1.prefix.log.{}", seq % RING)
 }
 
-/// Logs that `endpoint` now holds `hashes`; returns the sequence number used.
+/// Logs that `endpoint` now holds `picked`; returns the sequence number used.
 pub fn publish(
     store: &impl SharedStore,
     vm: u64,
     endpoint: &str,
-    hashes: &[u64],
+    picked: Picked<'_>,
     capacity: u64,
 ) -> Result<u64, StoreError> {
-    append(store, vm, endpoint, hashes.to_vec(), capacity, false)
+    let entry = Entry {
+        hashes: picked.hashes.to_vec(),
+        speculative: picked.speculative.to_vec(),
+        speculative_until_ms: picked.speculative_until_ms,
+        capacity,
+        ..Entry::default()
+    };
+    append(store, vm, endpoint, entry)
 }
 
 /// Logs that `endpoint`'s capacity is now `capacity`; returns the sequence number used.
@@ -81,17 +108,21 @@ pub fn publish_capacity(
     endpoint: &str,
     capacity: u64,
 ) -> Result<u64, StoreError> {
-    append(store, vm, endpoint, Vec::new(), capacity, true)
+    let entry = Entry {
+        capacity,
+        resize: true,
+        ..Entry::default()
+    };
+    append(store, vm, endpoint, entry)
 }
 
-/// Takes the next sequence number and writes the entry into its slot.
+/// Takes the next sequence number and writes `entry` (for `vm` and `endpoint`) into its
+/// slot.
 fn append(
     store: &impl SharedStore,
     vm: u64,
     endpoint: &str,
-    hashes: Vec<u64>,
-    capacity: u64,
-    resize: bool,
+    entry: Entry,
 ) -> Result<u64, StoreError> {
     let seq = update(store, HEAD_KEY, |h: &mut Head| {
         let seq = h.next;
@@ -102,9 +133,7 @@ fn append(
         seq,
         vm,
         endpoint: endpoint.to_string(),
-        hashes,
-        capacity,
-        resize,
+        ..entry
     };
     store.set(&slot_key(seq), &entry.encode_to_vec(), 0)?;
     Ok(seq)
@@ -163,6 +192,11 @@ pub fn sync(
                         index.set_capacity(&e.endpoint, cap);
                     } else {
                         index.insert(&e.endpoint, &e.hashes, cap);
+                        index.precise.speculative.add(
+                            &e.endpoint,
+                            &e.speculative,
+                            e.speculative_until_ms,
+                        );
                     }
                     applied += 1;
                 }
@@ -182,6 +216,13 @@ mod tests {
     use crate::shared_store::MemoryStore;
     use wasm_bindgen_test::wasm_bindgen_test;
 
+    fn hashes(hashes: &[u64]) -> Picked<'_> {
+        Picked {
+            hashes,
+            ..Picked::default()
+        }
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn a_pick_on_one_worker_reaches_the_index_of_another() {
         let store = MemoryStore::default();
@@ -191,14 +232,14 @@ mod tests {
         sync(&store, 2, &mut ix2, &mut c2).unwrap();
         // Worker 1 routes a request to "a" and applies it locally.
         ix1.insert("a", &[10, 11], 100);
-        publish(&store, 1, "a", &[10, 11], 100).unwrap();
+        publish(&store, 1, "a", hashes(&[10, 11]), 100).unwrap();
         // Worker 2's next pick syncs first and sees it.
         assert_eq!(sync(&store, 2, &mut ix2, &mut c2).unwrap(), 1);
         assert!(ix2.holds("a", 10) && ix2.holds("a", 11));
         // Worker 1 does not apply its own entry twice (nor read it, once noted), and
         // nothing is re-applied.
         assert_eq!(sync(&store, 1, &mut ix1, &mut c1).unwrap(), 0);
-        let own = publish(&store, 1, "a", &[12], 100).unwrap();
+        let own = publish(&store, 1, "a", hashes(&[12]), 100).unwrap();
         c1.published(own);
         assert_eq!(c1.next, own + 1);
         assert_eq!(sync(&store, 2, &mut ix2, &mut c2).unwrap(), 1);
@@ -210,7 +251,7 @@ mod tests {
         let store = MemoryStore::default();
         let mut ix = PrefixIndex::new();
         let mut c = Cursor::default();
-        publish(&store, 1, "a", &[1, 2, 3, 4], 100).unwrap();
+        publish(&store, 1, "a", hashes(&[1, 2, 3, 4]), 100).unwrap();
         publish_capacity(&store, 1, "a", 2).unwrap();
         assert_eq!(sync(&store, 2, &mut ix, &mut c).unwrap(), 2);
         assert_eq!(ix.capacity("a"), Some(2));
@@ -221,7 +262,7 @@ mod tests {
     fn a_new_vm_replays_what_the_ring_still_holds() {
         let store = MemoryStore::default();
         for i in 0..10u64 {
-            publish(&store, 1, "a", &[i], 100).unwrap();
+            publish(&store, 1, "a", hashes(&[i]), 100).unwrap();
         }
         let mut ix = PrefixIndex::new();
         let mut c = Cursor::default();
@@ -236,14 +277,14 @@ mod tests {
         update(&store, HEAD_KEY, |h: &mut Head| h.next += 1).unwrap();
         let mut ix = PrefixIndex::new();
         let mut c = Cursor::default();
-        publish(&store, 1, "a", &[1], 10).unwrap();
+        publish(&store, 1, "a", hashes(&[1]), 10).unwrap();
         assert_eq!(
             sync(&store, 2, &mut ix, &mut c).unwrap(),
             0,
             "waits for seq 0"
         );
         for i in 0..SKIP_UNWRITTEN_AFTER {
-            publish(&store, 1, "a", &[100 + i], 1000).unwrap();
+            publish(&store, 1, "a", hashes(&[100 + i]), 1000).unwrap();
         }
         let n = sync(&store, 2, &mut ix, &mut c).unwrap();
         assert_eq!(

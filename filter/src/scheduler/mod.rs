@@ -17,6 +17,7 @@ pub mod scorers;
 use crate::latency::{self, Estimate, Prediction, Slo};
 use crate::prefix::hash::hash_prompt;
 use crate::prefix::index::{PrefixIndex, PrefixMatch};
+use crate::prefix::precise::PromptKeys;
 use crate::prefix::rendezvous;
 use crate::prefix::{PrefixConfig, CHARS_PER_TOKEN};
 use crate::rng::Rng;
@@ -240,6 +241,9 @@ pub struct Decision {
     pub disaggregated: bool,
     /// Features and predictions per candidate (empty without a latency producer).
     pub estimates: Vec<Estimate>,
+    /// The prompt's block keys as the relay keys them (for speculative entries; empty
+    /// without `precise-prefix-cache-scorer`).
+    pub precise_keys: PromptKeys,
 }
 
 impl Decision {
@@ -293,10 +297,20 @@ impl std::fmt::Display for ScheduleError {
     }
 }
 
-/// What [`Scheduler::prepare`] finds: the request's block hashes, the prefix match per
-/// candidate in the learned index, the block size in tokens, and the rendezvous prior
-/// (`crate::prefix::rendezvous`).
-pub type Prepared = (Vec<u64>, Vec<PrefixMatch>, u32, Vec<(usize, u32)>);
+/// What [`Scheduler::prepare`] finds.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    /// The request's block hashes (the approximate index's).
+    pub hashes: Vec<u64>,
+    /// The prefix match per candidate (precise where the servers report).
+    pub matches: Vec<PrefixMatch>,
+    /// Block size in tokens of `hashes`.
+    pub block_size_tokens: u32,
+    /// The rendezvous prior (`crate::prefix::rendezvous`).
+    pub prior: Vec<(usize, u32)>,
+    /// The prompt's block keys as the relay keys them (with `precise-prefix-cache-scorer`).
+    pub precise_keys: PromptKeys,
+}
 
 /// The configured scheduler (built by `crate::runtime::load`).
 pub struct Scheduler {
@@ -356,7 +370,7 @@ impl Scheduler {
         index: &PrefixIndex,
     ) -> Prepared {
         let Some(p) = &self.prefix else {
-            return (Vec::new(), Vec::new(), 0, Vec::new());
+            return Prepared::default();
         };
         let block_tokens = self.block_size_tokens(candidates);
         let block_chars = usize::try_from(block_tokens * CHARS_PER_TOKEN).unwrap_or(usize::MAX);
@@ -374,8 +388,9 @@ impl Scheduler {
         // Precise matches replace the learned ones where the servers report; a prompt some
         // server reports holding part of is not cold, so the rendezvous prior is off.
         let mut reported_hit = false;
+        let mut precise_keys = PromptKeys::new();
         if let Some(precise) = &self.precise {
-            let reported = index.precise.matches(
+            let (reported, keys) = index.precise.matches(
                 precise,
                 request.model,
                 request.prompt,
@@ -388,6 +403,7 @@ impl Scheduler {
                     *m = r;
                 }
             }
+            precise_keys = keys;
         }
         let prior_blocks = usize::try_from(p.rendezvous_blocks).unwrap_or(usize::MAX);
         let choices = usize::try_from(p.rendezvous_choices).unwrap_or(1);
@@ -396,7 +412,13 @@ impl Scheduler {
         } else {
             rendezvous::promote(prior_blocks, choices, &hashes, &matches, addresses())
         };
-        (hashes, matches, bs, prior)
+        Prepared {
+            hashes,
+            matches,
+            block_size_tokens: bs,
+            prior,
+            precise_keys,
+        }
     }
 
     /// Decides where `request` goes. Changes nothing.
@@ -411,7 +433,13 @@ impl Scheduler {
         if candidates.is_empty() {
             return Err(ScheduleError::NoCandidates);
         }
-        let (hashes, prefix, block_size_tokens, prior) = self.prepare(request, candidates, index);
+        let Prepared {
+            hashes,
+            matches: prefix,
+            block_size_tokens,
+            prior,
+            precise_keys,
+        } = self.prepare(request, candidates, index);
         let estimates = match &self.latency {
             Some(settings) => {
                 let start = probe.now();
@@ -461,6 +489,7 @@ impl Scheduler {
             block_size_tokens,
             disaggregated: outcome.disaggregated,
             estimates,
+            precise_keys,
         })
     }
 

@@ -4,7 +4,7 @@ benchmark's options, runs it (common.run_with_procs stops, by PID, every process
 started), then prints the result with its provenance header and writes it to
 bench-results/<UTC timestamp>-<subcommand>.md (common.write_result).
 
-  bench.py overhead|quality|sched|overload|flow-control [--command TEXT] [options]
+  bench.py overhead|quality|prefix-cache|sched|overload|flow-control [--command TEXT] [options]
   bench.py quality-sim [--command TEXT] [quality-sim's own options]
   bench.py slo [--command TEXT] [slo-sim's own options]
   bench.py breakdown [--command TEXT] [--candidate-wasm PATH [--candidate-label TEXT]]
@@ -15,7 +15,7 @@ Every subcommand but quality-sim accepts every option (scripts/bench all passes 
 options to overhead, sched and quality) and uses the ones that concern it. Called by
 scripts/bench after it has built everything; not meant to be run directly.
 
-The benchmarks: overhead.py, quality.py, sched.py, overload.py, flow_control_bench.py,
+The benchmarks: overhead.py, quality.py, prefix_cache.py, sched.py, overload.py, flow_control_bench.py,
 quality_sim.py, breakdown.py, ladder.py; what they share: common.py.
 """
 import argparse
@@ -29,13 +29,14 @@ import common
 import flow_control_bench
 import overhead
 import overload
+import prefix_cache
 import quality
 import quality_sim
 import slo_sim
 import sched
 import soak
 
-SUBCOMMANDS = ["overhead", "quality", "sched", "overload", "flow-control", "batch"]
+SUBCOMMANDS = ["overhead", "quality", "prefix-cache", "sched", "overload", "flow-control", "batch"]
 
 
 def parser():
@@ -57,7 +58,7 @@ def parser():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--saturation-concurrency", type=int, default=32)
     # quality (the workload's lengths also overload and flow-control)
-    p.add_argument("--qps", default="4,8,12")
+    p.add_argument("--qps")
     p.add_argument("--groups", type=int)
     p.add_argument("--prompts-per-group", type=int, default=16)
     p.add_argument("--system-prompt-len", type=int)
@@ -65,8 +66,10 @@ def parser():
     p.add_argument("--output-len", type=int)
     p.add_argument("--zipf", type=float, default=0.0)
     p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--kv-blocks", type=int, default=1024)
-    p.add_argument("--warmup", type=float, default=15)
+    p.add_argument("--kv-blocks", type=int)
+    p.add_argument("--warmup", type=float)
+    # prefix-cache
+    p.add_argument("--precise-config", help="the KV-events side's filter configuration")
     # sched
     p.add_argument("--warm-up-time", type=float, default=1)
     p.add_argument("--measurement-time", type=float, default=2)
@@ -111,10 +114,21 @@ def overhead_options(a):
 def quality_options(a):
     return quality.QualityOptions(
         servers=given(a.servers, 4), workers=a.workers, seconds=given(a.seconds, 20),
-        qps=common.split_list(a.qps, float), groups=given(a.groups, 32), prompts_per_group=a.prompts_per_group,
-        system_prompt_len=given(a.system_prompt_len, 1024), question_len=given(a.question_len, 128),
-        output_len=given(a.output_len, 64), zipf=a.zipf, max_num_seqs=a.max_num_seqs, kv_blocks=a.kv_blocks,
-        warmup=a.warmup, sglang=not a.no_sglang, candidate=candidate_of(a))
+        qps=common.split_list(given(a.qps, "4,8,12"), float), groups=given(a.groups, 32),
+        prompts_per_group=a.prompts_per_group, system_prompt_len=given(a.system_prompt_len, 1024),
+        question_len=given(a.question_len, 128), output_len=given(a.output_len, 64), zipf=a.zipf,
+        max_num_seqs=a.max_num_seqs, kv_blocks=given(a.kv_blocks, 1024), warmup=given(a.warmup, 15),
+        sglang=not a.no_sglang, candidate=candidate_of(a))
+
+
+def prefix_cache_options(a):
+    return prefix_cache.PrefixCacheOptions(
+        servers=given(a.servers, 4), workers=a.workers, seconds=given(a.seconds, 20),
+        qps=common.split_list(given(a.qps, "4,8"), float), groups=given(a.groups, 32),
+        prompts_per_group=a.prompts_per_group, system_prompt_len=given(a.system_prompt_len, 1024),
+        question_len=given(a.question_len, 128), output_len=given(a.output_len, 64),
+        max_num_seqs=a.max_num_seqs, kv_blocks=given(a.kv_blocks, 384), warmup=given(a.warmup, 10),
+        precise_config=a.precise_config or "")
 
 
 def sched_options(a):
@@ -203,6 +217,7 @@ def parse(argv):
     a = parser().parse_args(argv)
     build = {"overhead": (overhead, overhead_options),
              "quality": (quality, quality_options),
+             "prefix-cache": (prefix_cache, prefix_cache_options),
              "sched": (sched, sched_options),
              "overload": (overload, lambda a: overload_options(a, 30)),
              "flow-control": (flow_control_bench, flow_control_options),

@@ -163,17 +163,20 @@ class Envoy:
     proc: subprocess.Popen
 
 
-def start_envoy(procs, kind, endpoints, workers, tag="envoy", render=RENDER, wasm=WASM, config=None):
+def start_envoy(procs, kind, endpoints, workers, tag="envoy", render=RENDER, wasm=WASM, config=None,
+                render_args=()):
     """Envoy in front of endpoints. kind: filter | nofilter (ORIGINAL_DST, the client names
     the endpoint) | ROUND_ROBIN | LEAST_REQUEST (STATIC cluster, static_cluster.py).
     `render` and `wasm` may name another checkout's renderer and build (a candidate);
-    `config` is the filter's configuration file (default: `{}`, the default configuration)."""
+    `config` is the filter's configuration file (default: `{}`, the default configuration);
+    `render_args` go to render.py too (e.g. `--cluster kv-relay=IP:PORT`)."""
     d = tempfile.mkdtemp(prefix=f"{tag}-", dir=procs.workdir)
     if config is None:
         config = os.path.join(d, "filter.json")
         with open(config, "w") as f:
             f.write("{}")
-    cmd = [sys.executable, render, "--wasm", wasm, "--config", config, "--endpoints", ",".join(endpoints)]
+    cmd = [sys.executable, render, "--wasm", wasm, "--config", config, "--endpoints", ",".join(endpoints),
+           *render_args]
     if kind != "filter":
         cmd.append("--no-filter")
     text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

@@ -138,6 +138,7 @@ mod tests {
             block_size_tokens: 16,
             disaggregated: false,
             estimates: vec![],
+            precise_keys: vec![],
         }
     }
 
