@@ -23,6 +23,7 @@ from typing import List
 
 from common import (LOADGEN, ROOT, Result, fmt, http_get, loadgen, log, start_envoy, start_sims, table,
                     wait_for)
+from quality import shape, warm_up
 
 KV_RELAY = os.path.join(ROOT, "target/release/kv-relay")
 CONFIGS = os.path.join(ROOT, "scripts/lib/bench")
@@ -60,13 +61,6 @@ class PrefixCacheOptions:
 
 def sim_args(o):
     return ["--profile", "h100-llama-8b", "--max-num-seqs", str(o.max_num_seqs), "--num-gpu-blocks", str(o.kv_blocks)]
-
-
-def shape(o):
-    """loadgen's workload arguments."""
-    return ["--groups", str(o.groups), "--prompts-per-group", str(o.prompts_per_group),
-            "--system-prompt-len", str(o.system_prompt_len), "--question-len", str(o.question_len),
-            "--output-len", str(o.output_len), "--stream"]
 
 
 def start_event_sims(procs, o, tag):
@@ -145,24 +139,6 @@ def counters(admin):
     return c
 
 
-def warm_up(o, sides):
-    """The first QPS to every side at once, so caches, indexes and the relay start warm."""
-    warm = []
-    for s, side in sides.items():
-        cmd = [LOADGEN, "--label", f"prefix-cache warmup {s}", "--url", side["url"], *shape(o), "--qps",
-               str(o.qps[0]), "--duration", f"{o.warmup}s", "--timeout", "60s", "--seed", "999"]
-        warm.append((s, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
-    for s, p in warm:
-        try:
-            _, err = p.communicate(timeout=o.warmup + 120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            raise SystemExit(f"bench: warm-up of {s} did not finish")
-        if p.returncode != 0:
-            raise SystemExit(f"bench: warm-up of {s} failed: {err}")
-
-
 def measure(o, sides):
     """The QPS steps in order, the sides alternating (rotated order per step);
     {(side, qps): (loadgen summary, Δ feedback counters)}."""
@@ -221,7 +197,7 @@ def run(o, procs):
     if not os.path.exists(KV_RELAY):
         raise SystemExit(f"bench: {KV_RELAY} is missing (cargo build --release -p kv-relay)")
     sides = start_sides(o, procs)
-    warm_up(o, sides)
+    warm_up(o, sides, "prefix-cache")
     results = measure(o, sides)
     relay = next(s["relay"] for s in sides.values() if s["relay"])
     size, blocks = snapshot_size(relay)

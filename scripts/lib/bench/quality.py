@@ -69,12 +69,12 @@ def start_sides(o, procs):
     return sides
 
 
-def warm_up(o, sides):
+def warm_up(o, sides, label="quality"):
     """The same seeded sequence at the first QPS to every side at once (their stacks are
-    independent and lightly loaded at that rate), so caches and routers start warm."""
+    independent and lightly loaded at that rate), so caches, routers and relays start warm."""
     warm = []
     for s, side in sides.items():
-        cmd = [LOADGEN, "--label", f"quality warmup {s}", "--url", side["url"], *shape(o), "--qps",
+        cmd = [LOADGEN, "--label", f"{label} warmup {s}", "--url", side["url"], *shape(o), "--qps",
                str(o.qps[0]), "--duration", f"{o.warmup}s", "--timeout", "60s", "--seed", "999"]
         warm.append((s, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
     for s, p in warm:
