@@ -80,6 +80,10 @@ pub struct Cycle<'a> {
     /// gateway has not routed anywhere (`crate::prefix::rendezvous`); empty when it does
     /// not apply.
     pub prior: &'a [(usize, u32)],
+    /// The key the rendezvous order of this prompt's endpoints is drawn from (the chained
+    /// hash of its leading blocks: `crate::prefix::rendezvous::key`), whether or not this
+    /// gateway has seen it; `None` without the prior or without blocks.
+    pub rendezvous_key: Option<u64>,
     /// Features and predictions per candidate (same order); empty without a latency
     /// producer.
     pub estimates: &'a [Estimate],
@@ -294,9 +298,15 @@ impl std::fmt::Display for ScheduleError {
 }
 
 /// What [`Scheduler::prepare`] finds: the request's block hashes, the prefix match per
-/// candidate in the learned index, the block size in tokens, and the rendezvous prior
-/// (`crate::prefix::rendezvous`).
-pub type Prepared = (Vec<u64>, Vec<PrefixMatch>, u32, Vec<(usize, u32)>);
+/// candidate in the learned index, the block size in tokens, the rendezvous prior and
+/// the rendezvous key (`crate::prefix::rendezvous`).
+pub type Prepared = (
+    Vec<u64>,
+    Vec<PrefixMatch>,
+    u32,
+    Vec<(usize, u32)>,
+    Option<u64>,
+);
 
 /// The configured scheduler (built by `crate::runtime::load`).
 pub struct Scheduler {
@@ -356,7 +366,7 @@ impl Scheduler {
         index: &PrefixIndex,
     ) -> Prepared {
         let Some(p) = &self.prefix else {
-            return (Vec::new(), Vec::new(), 0, Vec::new());
+            return (Vec::new(), Vec::new(), 0, Vec::new(), None);
         };
         let block_tokens = self.block_size_tokens(candidates);
         let block_chars = usize::try_from(block_tokens * CHARS_PER_TOKEN).unwrap_or(usize::MAX);
@@ -396,7 +406,8 @@ impl Scheduler {
         } else {
             rendezvous::promote(prior_blocks, choices, &hashes, &matches, addresses())
         };
-        (hashes, matches, bs, prior)
+        let key = rendezvous::key(prior_blocks, &hashes);
+        (hashes, matches, bs, prior, key)
     }
 
     /// Decides where `request` goes. Changes nothing.
@@ -411,7 +422,8 @@ impl Scheduler {
         if candidates.is_empty() {
             return Err(ScheduleError::NoCandidates);
         }
-        let (hashes, prefix, block_size_tokens, prior) = self.prepare(request, candidates, index);
+        let (hashes, prefix, block_size_tokens, prior, rendezvous_key) =
+            self.prepare(request, candidates, index);
         let estimates = match &self.latency {
             Some(settings) => {
                 let start = probe.now();
@@ -446,6 +458,7 @@ impl Scheduler {
             candidates,
             prefix: &prefix,
             prior: &prior,
+            rendezvous_key,
             estimates: &estimates,
         };
         let outcome = self.handler.run(self, &cx, rng, probe);
@@ -476,6 +489,8 @@ impl Scheduler {
             candidates,
             prefix: &decision.prefix,
             prior: &decision.prior,
+            // Filters do not run after a decision.
+            rendezvous_key: None,
             estimates: &decision.estimates,
         };
         for p in &self.profiles {
@@ -526,6 +541,7 @@ pub mod testing {
             candidates,
             prefix,
             prior: &[],
+            rendezvous_key: None,
             estimates: &[],
         };
         f(&cx)
