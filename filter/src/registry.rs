@@ -14,6 +14,7 @@ use crate::latency::{self, producer};
 use crate::prefix::{self, PrefixConfig};
 use crate::scheduler::filters::label_selector::{self, LabelSelector};
 use crate::scheduler::filters::prefix_affinity::{self, PrefixAffinity};
+use crate::scheduler::filters::rendezvous_home::{self, RendezvousHome};
 use crate::scheduler::filters::roles::{self, Role as PdRole, RoleFilter};
 use crate::scheduler::filters::saturation;
 use crate::scheduler::filters::slo_tier::{self, PassThrough, SloTier};
@@ -212,6 +213,7 @@ use Role::*;
 #[rustfmt::skip]
 pub const TYPES: &[PluginType] = &[
     t(prefix_affinity::TYPE, &[Filter], |v, p| Ok(reading_prefix(filter(PrefixAffinity::from_parameters(v, p)?)))),
+    t(rendezvous_home::TYPE, &[Filter], |v, p| Ok(reading_prefix(filter(RendezvousHome::from_parameters(v, p)?)))),
     t(label_selector::TYPE, &[Filter], |v, p| Ok(filter(LabelSelector::from_parameters(v, p)?))),
     t(roles::PREFILL_TYPES[0], &[Filter], |v, p| Ok(filter(RoleFilter::from_parameters(PdRole::Prefill, v, p)?))),
     t(roles::PREFILL_TYPES[1], &[Filter], |v, p| Ok(filter(RoleFilter::from_parameters(PdRole::Prefill, v, p)?))),

@@ -298,3 +298,112 @@ fn a_replica_with_most_of_the_traffic_borrows_the_capacity_others_leave_idle() {
         }
     }
 }
+
+// --- Near the pool's capacity ---------------------------------------------------------
+
+/// The default profile with `rendezvous-home-filter` (its defaults) in place of the
+/// utilization detector's filter when `home`.
+fn near_capacity_config(eps: &[String], home: bool) -> String {
+    let mut cfg = json!({ "pool": { "endpoints": eps } });
+    if home {
+        cfg["plugins"] = json!([
+            {"type": "rendezvous-home-filter"},
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "prefix-cache-scorer"},
+        ]);
+        cfg["schedulingProfiles"] = json!([{"name": "default", "plugins": [
+            {"pluginRef": "rendezvous-home-filter"},
+            {"pluginRef": "queue-scorer", "weight": 2},
+            {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+            {"pluginRef": "prefix-cache-scorer", "weight": 3},
+        ]}]);
+    }
+    cfg.to_string()
+}
+
+/// The servers' prefix-cache hit rate over the second half of a run of `replicas`
+/// gateways in front of 6 `vllm-sim` engines (h100-llama-8b, 8 sequences, 8,192 KV tokens
+/// each) offered 18 QPS (about what they serve: the 16-server pool of BENCHMARKS §10 at
+/// 48 QPS, scaled) of 24 prompt groups sharing a 1,024-token system prompt (half the
+/// pool's KV), 16 s, every request on a new connection.
+fn hit_rate_near_capacity(replicas: usize, home: bool) -> f64 {
+    use tests::loadgen::workload::{Arrivals, Spec, Workload};
+    let eps = endpoints(6);
+    let cfg = with_scrape_cluster(
+        SimConfig::new(&near_capacity_config(&eps, home))
+            .workers(2)
+            .replicas(replicas)
+            .seed(1),
+    );
+    let mut sim = Sim::new(cfg).expect("sim starts");
+    let servers: Vec<_> = eps
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let s = VllmConfig::new(e)
+                .profile("h100-llama-8b")
+                .max_num_seqs(8)
+                .kv_blocks(512)
+                .max_waiting(100_000)
+                .seed(1 + i as u64)
+                .build()
+                .shared();
+            sim.add_endpoint(e, Box::new(s.clone()));
+            s
+        })
+        .collect();
+    let spec = Spec {
+        model: MODEL.into(),
+        groups: 24,
+        prompts_per_group: 16,
+        system_prompt_len: 1024,
+        question_len: 128,
+        output_len: 64,
+        ..Spec::default()
+    };
+    let mut workload = Workload::new(spec, 1);
+    let end = ms(16_000);
+    let specs: Vec<RequestSpec> = Arrivals::new(18.0, 1)
+        .map(|at| ms(10) + at.as_nanos() as u64)
+        .take_while(|&t| t < end)
+        .enumerate()
+        .map(|(i, t)| {
+            RequestSpec::post("/v1/completions", workload.next_request(i as u64).body).at(t)
+        })
+        .collect();
+    sim.add_requests(specs);
+    let counters = |servers: &[std::rc::Rc<std::cell::RefCell<host_sim::VllmUpstream>>]| {
+        servers.iter().fold((0u64, 0u64), |(q, h), s| {
+            let m = s.borrow().engine().metrics().clone();
+            (q + m.prefix_cache_queries, h + m.prefix_cache_hits)
+        })
+    };
+    sim.run_until(end / 2).unwrap();
+    let before = counters(&servers);
+    sim.run_until(end).unwrap();
+    let after = counters(&servers);
+    (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64
+}
+
+/// Near the pool's capacity, replicas that decide apart scatter a prefix group once its
+/// owner queues (each learns its own fallback), and the lost hits tip the pool into
+/// overload: with the default profile four replicas fall to about half the hits (0.50
+/// here). With `rendezvous-home-filter` every replica keeps a group on the same few
+/// servers, and four replicas keep the hit rate of one within a few points (0.85 against
+/// 0.88 here).
+#[test]
+fn near_capacity_four_replicas_with_the_home_filter_keep_one_replicas_hit_rate() {
+    let one = hit_rate_near_capacity(1, true);
+    let four = hit_rate_near_capacity(4, true);
+    let four_default = hit_rate_near_capacity(4, false);
+    assert!(
+        four >= one - 0.05,
+        "four replicas {four:.3} against one {one:.3}"
+    );
+    assert!(
+        four_default < four - 0.2,
+        "the default profile's four replicas ({four_default:.3}) no longer scatter: is the \
+         pool still near capacity?"
+    );
+}

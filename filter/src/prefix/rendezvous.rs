@@ -48,6 +48,13 @@ pub fn owners<'a, const N: usize>(
     best.map(|b| b.map(|(i, _)| i))
 }
 
+/// The rendezvous key of a prompt: the chained hash of its first `blocks` blocks (all of
+/// them when fewer). `None` when `blocks` is 0 (no prior) or there are no hashes.
+pub fn key(blocks: usize, hashes: &[u64]) -> Option<u64> {
+    let depth = blocks.min(hashes.len());
+    depth.checked_sub(1).and_then(|d| hashes.get(d)).copied()
+}
+
 /// Most owners the prior may promote (`rendezvousPriorChoices`).
 pub const MAX_CHOICES: usize = 4;
 
@@ -66,7 +73,7 @@ pub fn promote<'a>(
     addresses: impl IntoIterator<Item = &'a str>,
 ) -> Vec<(usize, u32)> {
     let depth = blocks.min(hashes.len());
-    let Some(&key) = depth.checked_sub(1).and_then(|d| hashes.get(d)) else {
+    let Some(key) = key(blocks, hashes) else {
         return Vec::new();
     };
     let depth = u32::try_from(depth).unwrap_or(u32::MAX);

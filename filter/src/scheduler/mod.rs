@@ -81,6 +81,10 @@ pub struct Cycle<'a> {
     /// gateway has not routed anywhere (`crate::prefix::rendezvous`); empty when it does
     /// not apply.
     pub prior: &'a [(usize, u32)],
+    /// The key the rendezvous order of this prompt's endpoints is drawn from (the chained
+    /// hash of its leading blocks: `crate::prefix::rendezvous::key`), whether or not this
+    /// gateway has seen it; `None` without the prior or without blocks.
+    pub rendezvous_key: Option<u64>,
     /// Features and predictions per candidate (same order); empty without a latency
     /// producer.
     pub estimates: &'a [Estimate],
@@ -308,6 +312,8 @@ pub struct Prepared {
     pub block_size_tokens: u32,
     /// The rendezvous prior (`crate::prefix::rendezvous`).
     pub prior: Vec<(usize, u32)>,
+    /// The prompt's rendezvous key (`crate::prefix::rendezvous::key`).
+    pub rendezvous_key: Option<u64>,
     /// The prompt's block keys as the relay keys them (with `precise-prefix-cache-scorer`).
     pub precise_keys: PromptKeys,
 }
@@ -412,11 +418,13 @@ impl Scheduler {
         } else {
             rendezvous::promote(prior_blocks, choices, &hashes, &matches, addresses())
         };
+        let rendezvous_key = rendezvous::key(prior_blocks, &hashes);
         Prepared {
             hashes,
             matches,
             block_size_tokens: bs,
             prior,
+            rendezvous_key,
             precise_keys,
         }
     }
@@ -438,6 +446,7 @@ impl Scheduler {
             matches: prefix,
             block_size_tokens,
             prior,
+            rendezvous_key,
             precise_keys,
         } = self.prepare(request, candidates, index);
         let estimates = match &self.latency {
@@ -474,6 +483,7 @@ impl Scheduler {
             candidates,
             prefix: &prefix,
             prior: &prior,
+            rendezvous_key,
             estimates: &estimates,
         };
         let outcome = self.handler.run(self, &cx, rng, probe);
@@ -505,6 +515,8 @@ impl Scheduler {
             candidates,
             prefix: &decision.prefix,
             prior: &decision.prior,
+            // Filters do not run after a decision.
+            rendezvous_key: None,
             estimates: &decision.estimates,
         };
         for p in &self.profiles {
@@ -555,6 +567,7 @@ pub mod testing {
             candidates,
             prefix,
             prior: &[],
+            rendezvous_key: None,
             estimates: &[],
         };
         f(&cx)

@@ -38,6 +38,7 @@ fn scores_are_weighted_sums_as_in_the_reference_example() {
         candidates: &c,
         prefix: &[],
         prior: &[],
+        rendezvous_key: None,
         estimates: &[],
     };
     let totals = s.profiles[0].scores(&cx, &[0, 1, 2], &mut Probe::new(None));

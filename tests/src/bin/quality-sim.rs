@@ -48,6 +48,11 @@
 //! within the feedback's tolerance (`--filter-config` with `cachedTokensFeedback: false`
 //! measures the uncorrected index).
 //!
+//! With `QUALITY_SIM_TRACE=PREFIX` in the environment, each run also writes every request
+//! (warm-up included) to `PREFIX-SIDE-REPLICAS-QPS.csv`: sent at (ms), prompt group,
+//! replica, server, TTFT and time to dispatch (ms, −1 when none), to see where a prefix
+//! group's requests went.
+//!
 //! `cargo run --release -p tests --features virtual --bin quality-sim -- --help`
 
 use host_sim::host::vm::Cluster;
@@ -395,12 +400,14 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
     }
     let mut workload = Workload::new(a.spec.clone(), a.seed);
     let mut specs = Vec::new();
+    let mut groups = Vec::new();
     for (i, at) in Arrivals::new(qps, a.seed).enumerate() {
         let t = start + at.as_nanos() as Nanos;
         if t >= end {
             break;
         }
         let r = workload.next_request(i as u64);
+        groups.push(r.group);
         let mut spec =
             RequestSpec::post("/v1/completions", r.body)
                 .at(t)
@@ -524,6 +531,25 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         last_finish = last_finish.max(o.finished_at.unwrap_or(0));
     }
     r.window_s = (last_finish - measure_from) as f64 / SEC as f64;
+    if let Ok(path) = std::env::var("QUALITY_SIM_TRACE") {
+        use std::io::Write;
+        let mut f = std::fs::File::create(format!(
+            "{path}-{}-{replicas}-{qps}.csv",
+            side.rsplit('/').next().unwrap_or(side)
+        ))?;
+        for o in sim.outcomes() {
+            writeln!(
+                f,
+                "{},{},{},{},{},{}",
+                ms(o.sent_at),
+                groups.get(o.id).copied().unwrap_or(0),
+                o.replica,
+                o.endpoint.as_deref().unwrap_or("-"),
+                o.first_token_at.map_or(-1.0, |t| ms(t - o.sent_at)),
+                o.dispatched_at.map_or(-1.0, |t| ms(t - o.sent_at)),
+            )?;
+        }
+    }
     let (q, h) = (after.0 - before.0, after.1 - before.1);
     r.hit_rate = (q > 0).then(|| h as f64 / q as f64);
     r.share = eps

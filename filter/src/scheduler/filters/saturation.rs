@@ -85,6 +85,7 @@ mod tests {
             candidates: &c,
             prefix: &[],
             prior: &[],
+            rendezvous_key: None,
             estimates: &[],
         };
         let mut rng = Rng::new(0);

@@ -85,6 +85,7 @@ mod tests {
             candidates: &c,
             prefix: &[],
             prior: &[],
+            rendezvous_key: None,
             estimates: e,
         };
         f.filter(&cx, (0..e.len()).collect(), &mut Rng::new(seed))

@@ -267,6 +267,7 @@ mod tests {
             candidates: c,
             prefix: &[],
             prior: &[],
+            rendezvous_key: None,
             estimates: e,
         };
         let all: Vec<usize> = (0..c.len()).collect();

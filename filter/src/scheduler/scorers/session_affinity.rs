@@ -118,6 +118,7 @@ mod tests {
             candidates: &c,
             prefix: &[],
             prior: &[],
+            rendezvous_key: None,
             estimates: &[],
         };
         assert_eq!(SessionAffinity.score(&cx, &all(&c)), vec![0.0, 1.0, 0.0]);
@@ -127,6 +128,7 @@ mod tests {
             candidates: &c,
             prefix: &[],
             prior: &[],
+            rendezvous_key: None,
             estimates: &[],
         };
         assert_eq!(SessionAffinity.score(&cx, &all(&c)), vec![0.0, 0.0, 0.0]);
