@@ -7,7 +7,8 @@
 //! * [`feedback`] — the servers' `cached_tokens` against the index's prediction: detected
 //!   evictions and each endpoint's learned capacity ([`evict`]: the index's side).
 //! * [`precise`] — the blocks each server actually holds, from its KV events through
-//!   `kv-relay` (`precise-prefix-cache-scorer`); [`sim_tokens`] — vllm-sim's tokenizer.
+//!   `kv-relay` (`precise-prefix-cache-scorer`); [`sim_tokens`] — vllm-sim's tokenizer;
+//!   [`text_keys`] — a real model's keys without a tokenizer (the relay tokenizes).
 
 pub mod evict;
 pub mod feedback;
@@ -17,6 +18,7 @@ pub mod precise;
 pub mod rendezvous;
 pub mod shared;
 pub mod sim_tokens;
+pub mod text_keys;
 
 use crate::config::validate::err;
 use crate::config::{ConfigError, Params};

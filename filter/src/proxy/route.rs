@@ -88,10 +88,16 @@ pub fn route(
     let view = latency::view(rt, now);
     // With precise prefix matching, a chat prompt is rendered as the servers' chat
     // template renders it, so its token ids are the servers'.
-    let rendered = match (&rt.scheduler.precise, request) {
-        (Some(p), Some(r)) if !r.chat.is_empty() => Some(p.render_chat(r.messages())),
-        _ => None,
+    let server_text = match (&rt.scheduler.precise, request) {
+        (Some(p), Some(r)) => vm::with(|vm| {
+            let chat = (!r.chat.is_empty()).then(|| r.messages());
+            p.server_text(&vm.prefix.precise, chat, &r.prompt)
+        })
+        .unwrap_or(Err(crate::prefix::precise::Unrendered)),
+        _ => Ok(None),
     };
+    let unrendered_chat = server_text.is_err();
+    let rendered = server_text.unwrap_or(None);
     let pick = Pick {
         request: Request {
             model: &input.target,
@@ -107,6 +113,7 @@ pub fn route(
             priority: input.priority,
             prediction_based: input.prediction_based,
             latency: view.as_ref(),
+            unrendered_chat,
         },
         tokens,
         vm: vm_id,
