@@ -300,7 +300,10 @@ impl PreciseState {
             && now_ms.saturating_sub(self.heard_ms)
                 <= i64::try_from(cfg.stale_after_ms).unwrap_or(i64::MAX);
         let s = self.servers.get(address)?;
-        (relay_live && !s.stale && s.block_size > 0).then_some(s)
+        // Token keys need the server's block size (known from its first stored block);
+        // text keys do not: a live server that stored nothing holds nothing.
+        let keyable = s.block_size > 0 || cfg.tokenizer == Tokenizer::Relay;
+        (relay_live && !s.stale && keyable).then_some(s)
     }
 
     /// Per candidate address: the prompt's leading blocks the server holds, or `None`
