@@ -62,11 +62,14 @@ impl ChatShape {
     }
 }
 
+/// Probe conversations. All end with a user turn, as chat requests do: a template may
+/// render the turns after the last user message differently (Qwen3's reasoning), so a
+/// conversation ending with the assistant is not learnt (it falls back).
 const PROBES: &[&[&str]] = &[
     &["system", "user", "assistant", "user"],
-    &["user", "assistant", "user", "assistant"],
+    &["user", "assistant", "user"],
     &["user"],
-    &["system", "user", "assistant", "user", "assistant"],
+    &["system", "user"],
 ];
 
 fn sentinel(i: usize) -> String {
@@ -236,8 +239,10 @@ mod tests {
             shape.head.as_deref(),
             Some("<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n")
         );
-        // A role never probed cannot be rendered.
+        // A role never probed cannot be rendered, nor a conversation ending with the
+        // assistant.
         assert_eq!(shape.render(&[("user", "a"), ("tool", "b")]), None);
+        assert_eq!(shape.render(&[("user", "a"), ("assistant", "b")]), None);
     }
 
     #[test]
@@ -257,6 +262,20 @@ mod tests {
         assert!(shape.trim);
         let m = [("system", " s "), ("user", "u\n")];
         assert_eq!(shape.render(&m).unwrap(), llama(&m).unwrap());
+    }
+
+    #[test]
+    fn templates_inserting_the_date_are_refused() {
+        let source =
+            "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}\
+                      [date {{ strftime_now('%d %b %Y') }}][assistant]";
+        let render = crate::model::renderer(source.into(), "<s>".into(), "</s>".into()).unwrap();
+        assert!(learn(&render).is_err());
+        // The same template without the date is learnt.
+        let source = "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}[assistant]";
+        let render = crate::model::renderer(source.into(), "<s>".into(), "</s>".into()).unwrap();
+        let shape = learn(&render).unwrap();
+        assert_eq!(shape.head.as_deref(), Some("<s>[user]"));
     }
 
     #[test]
