@@ -86,8 +86,9 @@ pub fn route(
         _ => None,
     };
     let view = latency::view(rt, now);
-    // With precise prefix matching, a chat prompt is rendered as the servers' chat
-    // template renders it, so its token ids are the servers'.
+    // With precise prefix matching, the prompt is taken as the servers tokenize it: a chat
+    // rendered by their chat template (vllm-sim's, or the shape the relay learnt), a
+    // completion after what their tokenizer adds (the relay's completion prefix).
     let server_text = match (&rt.scheduler.precise, request) {
         (Some(p), Some(r)) => vm::with(|vm| {
             let chat = (!r.chat.is_empty()).then(|| r.messages());
