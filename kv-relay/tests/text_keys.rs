@@ -4,6 +4,9 @@
 //! publishes text keys, and the filter's own code (`tokenizer: relay`) computes the keys
 //! of the request without a tokenizer: a prompt stored on server A is credited to A and
 //! not to B, and A's reported eviction removes the credit.
+//!
+//! The model directory is built by the test (`common`); `KV_RELAY_MODEL_DIR=DIR` runs the
+//! same against a real model's files instead (e.g. Qwen3's, README "Precise prefix cache").
 
 mod common;
 
@@ -133,7 +136,10 @@ async fn until(
 
 #[tokio::test]
 async fn a_real_tokenizer_and_chat_template_through_the_relay() {
-    let dir = common::model_dir("text-keys");
+    let real = std::env::var_os("KV_RELAY_MODEL_DIR").map(std::path::PathBuf::from);
+    let dir = real
+        .clone()
+        .unwrap_or_else(|| common::model_dir("text-keys"));
     let model = Arc::new(ModelTokenizer::load(&dir).expect("vllm-sim loads the model directory"));
     let (a, b) = (sim(&model).await, sim(&model).await);
     let relay = kv_relay::start(Config {
@@ -160,8 +166,11 @@ async fn a_real_tokenizer_and_chat_template_through_the_relay() {
     f.poll(relay.addr).await;
     let (_, body) = http(relay.addr, "GET", "/v1/kv/state", "").await;
     let published: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(published["text"]["completionPrefix"], common::BOS);
-    assert_eq!(published["text"]["chat"]["trim"], true, "{published}");
+    assert!(published["text"]["chat"].is_object(), "{published}");
+    if real.is_none() {
+        assert_eq!(published["text"]["completionPrefix"], common::BOS);
+        assert_eq!(published["text"]["chat"]["trim"], true, "{published}");
+    }
 
     // A chat stored on A: credited to A (all but the tail of its last, partial token
     // block), not to B.
@@ -214,5 +223,7 @@ async fn a_real_tokenizer_and_chat_template_through_the_relay() {
         f.matched(Some(&chat), "", &servers)[0].0 == 0
     })
     .await;
-    let _ = std::fs::remove_dir_all(dir);
+    if real.is_none() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
