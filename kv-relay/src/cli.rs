@@ -16,6 +16,12 @@ USAGE: kv-relay --server SPEC [--server SPEC ...] [FLAGS]
                               replay=tcp://H:P   its replay_endpoint (recommended)
                               model=NAME         served model name (required)
                               topic=PREFIX       topic prefix to subscribe to [all]
+  --tokenizer DIR           the servers' model directory (tokenizer.json; chat template from
+                            chat_template.jinja or tokenizer_config.json): publish text keys
+                            the filter computes without a tokenizer (its tokenizer: relay)
+                            [token-id keys, for vllm-sim's stand-in tokenizer]
+  --chat-template FILE      the Jinja chat template vLLM was given with --chat-template
+  --text-block-bytes N      bytes per text key block [64]
   --listen IP:PORT          HTTP address [127.0.0.1:9090]; port 0 = ephemeral (printed)
   --max-blocks-per-server N blocks kept per server [1000000]
   --log-capacity N          changes kept for delta answers [1000000]
@@ -31,6 +37,10 @@ pub struct Config {
     pub max_blocks: usize,
     pub log_capacity: usize,
     pub liveness: Liveness,
+    /// `--tokenizer`: the model directory (text keys); `None`: token-id keys.
+    pub tokenizer: Option<std::path::PathBuf>,
+    pub chat_template: Option<std::path::PathBuf>,
+    pub text_block_bytes: usize,
 }
 
 pub enum Command {
@@ -96,6 +106,9 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
             stale_after: Duration::from_secs(5),
             replay_timeout: Duration::from_secs(2),
         },
+        tokenizer: None,
+        chat_template: None,
+        text_block_bytes: 64,
     };
     let mut args = args.into_iter();
     while let Some(a) = args.next() {
@@ -127,6 +140,9 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
                     .map_err(|_| format!("--listen: bad address {v:?}"))?
             }
             "--max-blocks-per-server" => c.max_blocks = count(value()?, &flag)?,
+            "--tokenizer" => c.tokenizer = Some(value()?.into()),
+            "--chat-template" => c.chat_template = Some(value()?.into()),
+            "--text-block-bytes" => c.text_block_bytes = count(value()?, &flag)?,
             "--log-capacity" => c.log_capacity = count(value()?, &flag)?,
             "--probe-interval" => c.liveness.probe_every = duration(&value()?)?,
             "--stale-after" => c.liveness.stale_after = duration(&value()?)?,
@@ -136,6 +152,9 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String>
     }
     if c.sources.is_empty() {
         return Err("at least one --server is required (see --help)".into());
+    }
+    if c.chat_template.is_some() && c.tokenizer.is_none() {
+        return Err("--chat-template needs --tokenizer".into());
     }
     if c.liveness.probe_every.is_zero() {
         return Err("--probe-interval must be > 0".into());

@@ -12,8 +12,12 @@
 //! * Every change gets the next `version`; the log keeps the last `log_capacity`.
 //!   A client asking `since=v` of the same `epoch` gets the changes after `v` when the
 //!   log still holds them, else a full snapshot.
+//! * With a model's tokenizer ([`Relay::with_text`]) the keys are text keys instead:
+//!   each block's token ids turn back into bytes, and a block owns the text blocks its
+//!   bytes complete ([`keys::TextChain`]); removing it removes them.
 
-use crate::keys;
+use crate::keys::{self, TextChain};
+use crate::model::Model;
 use crate::wire::{Batch, Event};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -49,10 +53,20 @@ pub struct Stats {
     pub decode_errors: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// A block the server holds: the keys it owns, where the key chain stands after it.
+#[derive(Debug, Clone)]
 struct Held {
-    key: u64,
+    owned: Box<[u64]>,
+    next: TextChain,
     stamp: u64,
+}
+
+/// Text keys: the servers' model and the text block size.
+#[derive(Debug, Clone)]
+pub struct TextKeys {
+    pub model: std::sync::Arc<Model>,
+    /// Bytes per text block.
+    pub block: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -71,6 +85,7 @@ pub struct Relay {
     log: VecDeque<(u64, usize, Change)>,
     log_capacity: usize,
     max_blocks: usize,
+    text: Option<TextKeys>,
 }
 
 impl Relay {
@@ -83,7 +98,17 @@ impl Relay {
             log: VecDeque::new(),
             log_capacity: log_capacity.max(1),
             max_blocks: max_blocks.max(1),
+            text: None,
         }
+    }
+
+    /// Keys blocks by text blocks of `text.block` bytes of `text.model`'s token bytes.
+    pub fn with_text(mut self, text: TextKeys) -> Self {
+        self.text = Some(TextKeys {
+            block: text.block.max(1),
+            ..text
+        });
+        self
     }
 
     /// Adds a server (stale until its stream is heard); returns its index.
@@ -159,11 +184,12 @@ impl Relay {
         lora: Option<&str>,
     ) {
         let server = &mut self.servers[s];
+        let text = &self.text;
         let bs = block_size as usize;
         let mut prev = match parent {
-            None => keys::root(lora.unwrap_or(&server.model)),
+            None => TextChain::start(lora.unwrap_or(&server.model)),
             Some(p) => match server.blocks.get(&p) {
-                Some(h) => h.key,
+                Some(h) => h.next.clone(),
                 None => {
                     server.stats.unkeyed += hashes.len() as u64;
                     return;
@@ -172,25 +198,46 @@ impl Relay {
         };
         server.block_size = block_size;
         let mut added = Vec::new();
+        let mut bytes = Vec::new();
         for (i, h) in hashes.iter().enumerate() {
             let Some(chunk) = tokens.get(i * bs..(i + 1) * bs) else {
                 server.stats.unkeyed += (hashes.len() - i) as u64;
                 break;
             };
-            let key = keys::block_key(prev, chunk);
-            prev = key;
+            let (next, owned) = match text {
+                None => {
+                    let key = keys::block_key(prev.key, chunk);
+                    let next = TextChain {
+                        key,
+                        carry: Box::default(),
+                    };
+                    (next, vec![key])
+                }
+                Some(t) => {
+                    bytes.clear();
+                    if !t.model.append(chunk, &mut bytes) {
+                        server.stats.unkeyed += (hashes.len() - i) as u64;
+                        break;
+                    }
+                    prev.extend(&bytes, t.block)
+                }
+            };
+            prev = next.clone();
             if server.blocks.contains_key(h) {
                 continue;
             }
             server.stamp += 1;
             let stamp = server.stamp;
-            server.blocks.insert(*h, Held { key, stamp });
-            server.order.push_back((*h, stamp));
-            let n = server.refs.entry(key).or_insert(0);
-            *n += 1;
-            if *n == 1 {
-                added.push(key);
+            for key in &owned {
+                let n = server.refs.entry(*key).or_insert(0);
+                *n += 1;
+                if *n == 1 {
+                    added.push(*key);
+                }
             }
+            let owned = owned.into_boxed_slice();
+            server.blocks.insert(*h, Held { owned, next, stamp });
+            server.order.push_back((*h, stamp));
         }
         for key in added {
             self.push(s, Change::Add(key));
@@ -203,12 +250,18 @@ impl Relay {
         let Some(held) = server.blocks.remove(&hash) else {
             return;
         };
-        if let Some(n) = server.refs.get_mut(&held.key) {
-            *n -= 1;
-            if *n == 0 {
-                server.refs.remove(&held.key);
-                self.push(s, Change::Remove(held.key));
+        let mut gone = Vec::new();
+        for key in held.owned.iter() {
+            if let Some(n) = server.refs.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    server.refs.remove(key);
+                    gone.push(*key);
+                }
             }
+        }
+        for key in gone {
+            self.push(s, Change::Remove(key));
         }
     }
 
@@ -331,12 +384,16 @@ impl Relay {
                     .collect()
             }
         };
-        json!({
+        let mut out = json!({
             "epoch": self.epoch,
             "version": self.version,
             "full": deltas.is_none(),
             "servers": servers,
-        })
+        });
+        if let Some(t) = &self.text {
+            out["text"] = text_json(t);
+        }
+        out
     }
 }
 
@@ -357,6 +414,20 @@ pub fn client_version(query: Option<&str>) -> Result<Option<(u64, u64)>, String>
         }
     }
     Ok(epoch.zip(since))
+}
+
+/// How the filter computes text keys: the block size, what completions start with, the
+/// chat template's shape (or why there is none).
+fn text_json(t: &TextKeys) -> Value {
+    let mut o = json!({
+        "blockBytes": t.block,
+        "completionPrefix": t.model.completion_prefix,
+    });
+    match &t.model.chat {
+        Ok(shape) => o["chat"] = json!(shape),
+        Err(why) => o["chatUnsupported"] = json!(why),
+    }
+    o
 }
 
 fn server_json(sv: &Server, clear: bool, add: &[u64], remove: &[u64]) -> Value {

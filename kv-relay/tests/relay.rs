@@ -62,6 +62,9 @@ async fn relay(sim: &server::Server) -> kv_relay::Running {
             stale_after: Duration::from_millis(600),
             replay_timeout: Duration::from_millis(300),
         },
+        tokenizer: None,
+        chat_template: None,
+        text_block_bytes: 64,
     })
     .await
     .expect("relay starts")

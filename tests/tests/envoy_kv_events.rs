@@ -38,6 +38,9 @@ impl Relay {
                     stale_after: Duration::from_secs(2),
                     replay_timeout: Duration::from_millis(500),
                 },
+                tokenizer: None,
+                chat_template: None,
+                text_block_bytes: 64,
             }))
             .expect("relay starts");
         Relay {

@@ -9,7 +9,8 @@
 //!   evictions and each endpoint's learned capacity ([`evict`]: the index's side).
 //! * [`precise`] — the blocks each server actually holds, from its KV events through
 //!   `kv-relay` (`precise-prefix-cache-scorer`); [`speculative`] — what this gateway just
-//!   routed, credited until the relay reports it; [`sim_tokens`] — vllm-sim's tokenizer.
+//!   routed, credited until the relay reports it; [`sim_tokens`] — vllm-sim's tokenizer;
+//!   [`text_keys`] — a real model's keys without a tokenizer (the relay tokenizes).
 
 pub mod evict;
 pub mod feedback;
@@ -21,6 +22,7 @@ pub mod rendezvous;
 pub mod shared;
 pub mod sim_tokens;
 pub mod speculative;
+pub mod text_keys;
 
 use crate::config::validate::err;
 use crate::config::{ConfigError, Params};

@@ -6,6 +6,8 @@
 //!   `root = xxh64(model)`, `key_i = xxh64(LE_u32 tokens of block i ‖ LE_u64(key_{i-1}))`
 //!   per `blockSize` tokens. [`keys`] computes the same for a prompt's token ids
 //!   ([`super::sim_tokens`] for vllm-sim), so vLLM's block-hash algorithm never matters.
+//!   With `tokenizer: relay` (a real model: the relay holds its tokenizer and chat
+//!   template) the keys are text keys instead ([`super::text_keys`]): no tokenizer here.
 //! * State: per endpoint address, the keys held, the block size, and whether the relay
 //!   marks the stream stale. Updated from the relay's `GET /v1/kv/state` answers (a
 //!   snapshot, or the changes since the version this VM holds); bounded per server and
@@ -54,6 +56,9 @@ pub const DEFAULT_RELAY_CLUSTER: &str = "kv-relay";
 pub enum Tokenizer {
     /// vllm-sim's 4-character pieces and chat template ([`super::sim_tokens`]).
     VllmSim,
+    /// The relay tokenizes: text keys and the template shape it publishes
+    /// ([`super::text_keys`]).
+    Relay,
 }
 
 /// `precise-prefix-cache-scorer`'s parameters.
@@ -108,10 +113,11 @@ impl PreciseConfig {
         }
         let tokenizer = match p.string("tokenizer", "vllm-sim")?.as_str() {
             "vllm-sim" => Tokenizer::VllmSim,
+            "relay" => Tokenizer::Relay,
             other => {
                 return Err(err(
                     &p.path("tokenizer"),
-                    format!("\"{other}\" is not available in the filter (only \"vllm-sim\"; a model's own tokenizer is not supported yet)"),
+                    format!("\"{other}\" is not available: \"vllm-sim\" (the simulator's tokenizer, in the filter) or \"relay\" (a real model: kv-relay --tokenizer MODEL_DIR tokenizes)"),
                 ))
             }
         };
@@ -153,10 +159,28 @@ impl PreciseConfig {
         })
     }
 
-    /// A chat conversation rendered by the servers' chat template.
-    pub fn render_chat<'a>(&self, messages: impl Iterator<Item = (&'a str, &'a str)>) -> String {
-        match self.tokenizer {
-            Tokenizer::VllmSim => super::sim_tokens::chat_template(messages),
+    /// The prompt text as the servers tokenize it, when it differs from the request's
+    /// `prompt`: a chat conversation (`messages`) rendered by the servers' chat template,
+    /// or a completion prompt with what tokenization adds before it. [`Unrendered`]: a
+    /// chat the filter cannot render (precise matching falls back for it).
+    pub fn server_text<'a>(
+        &self,
+        state: &PreciseState,
+        messages: Option<impl Iterator<Item = (&'a str, &'a str)>>,
+        prompt: &str,
+    ) -> Result<Option<String>, Unrendered> {
+        match (self.tokenizer, messages) {
+            (Tokenizer::VllmSim, Some(m)) => Ok(Some(super::sim_tokens::chat_template(m))),
+            (Tokenizer::VllmSim, None) => Ok(None),
+            (Tokenizer::Relay, Some(m)) => {
+                let shape = state.text.as_ref().and_then(|t| t.chat.as_ref());
+                shape.and_then(|c| c.render(m)).map(Some).ok_or(Unrendered)
+            }
+            (Tokenizer::Relay, None) => Ok(state
+                .text
+                .as_ref()
+                .filter(|t| !t.completion_prefix.is_empty())
+                .map(|t| format!("{}{prompt}", t.completion_prefix))),
         }
     }
 
@@ -166,13 +190,19 @@ impl PreciseConfig {
     }
 
     /// Token ids of a prompt as the servers tokenize it (the prompt already rendered by
-    /// the servers' chat template for chat requests).
+    /// the servers' chat template for chat requests); none with `tokenizer: relay`
+    /// (text keys, no token ids).
     pub fn tokens(&self, prompt: &str, max: usize) -> Vec<u32> {
         match self.tokenizer {
             Tokenizer::VllmSim => super::sim_tokens::encode(prompt, max),
+            Tokenizer::Relay => Vec::new(),
         }
     }
 }
+
+/// A chat conversation the servers' template shape (from the relay) does not cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unrendered;
 
 /// The chain root of `model`.
 pub fn root(model: &str) -> u64 {
@@ -222,6 +252,8 @@ pub struct PreciseState {
     pub overflow: u64,
     /// Blocks this gateway routed to a server that the relay does not report yet.
     pub speculative: Speculative,
+    /// How to compute text keys (`tokenizer: relay`), from the relay's last answer.
+    pub text: Option<super::text_keys::TextSpec>,
 }
 
 /// A prompt's block keys for each block size of the servers it was matched against
@@ -254,6 +286,9 @@ impl PreciseState {
             .ok_or("relay answer: no servers")?;
         if full {
             self.servers.clear();
+            self.text = v
+                .get("text")
+                .and_then(super::text_keys::TextSpec::from_json);
         } else if epoch != self.epoch {
             return Err("relay answer: deltas of another relay run".into());
         }
@@ -314,7 +349,10 @@ impl PreciseState {
             && now_ms.saturating_sub(self.heard_ms)
                 <= i64::try_from(cfg.stale_after_ms).unwrap_or(i64::MAX);
         let s = self.servers.get(address)?;
-        (relay_live && !s.stale && s.block_size > 0).then_some(s)
+        // Token keys need the server's block size (known from its first stored block);
+        // text keys do not: a live server that stored nothing holds nothing.
+        let keyable = s.block_size > 0 || cfg.tokenizer == Tokenizer::Relay;
+        (relay_live && !s.stale && keyable).then_some(s)
     }
 
     /// Per candidate address: the prompt's leading blocks the server holds (reported, or
@@ -336,6 +374,46 @@ impl PreciseState {
         let Some(largest) = servers.iter().flatten().map(|s| s.block_size).max() else {
             return (vec![None; candidates.len()], Vec::new());
         };
+        if cfg.tokenizer == Tokenizer::Relay {
+            // Text keys: one block size for every server (the relay's).
+            let Some(text) = &self.text else {
+                return (vec![None; candidates.len()], Vec::new());
+            };
+            let keys = super::text_keys::keys(
+                model,
+                prompt.as_bytes(),
+                text.block_bytes,
+                cfg.max_prefix_blocks,
+            );
+            let tokens_per_block = u32::try_from(text.block_bytes / 4)
+                .unwrap_or(u32::MAX)
+                .max(1);
+            let matches = servers
+                .iter()
+                .zip(&candidates)
+                .map(|(s, address)| {
+                    let s = (*s)?;
+                    let matched = keys
+                        .iter()
+                        .take_while(|k| {
+                            s.keys.contains(*k) || self.speculative.holds(address, **k, now_ms)
+                        })
+                        .count();
+                    Some(PrefixMatch {
+                        matched: u32::try_from(matched).unwrap_or(u32::MAX),
+                        total: u32::try_from(keys.len()).unwrap_or(u32::MAX),
+                        block_size_tokens: tokens_per_block,
+                    })
+                })
+                .collect();
+            // Text keys do not depend on a server's block size: the same keys under each
+            // size the servers report (normally one), for speculation.
+            let mut sizes: Vec<u32> = servers.iter().flatten().map(|s| s.block_size).collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            let by_size = sizes.into_iter().map(|b| (b, keys.clone())).collect();
+            return (matches, by_size);
+        }
         let max_tokens = cfg
             .max_prefix_blocks
             .saturating_mul(usize::try_from(largest).unwrap_or(usize::MAX));
@@ -430,6 +508,7 @@ mod tests {
         };
         assert!(e(json!({"relayCluster": ""})).contains("plugins[0].parameters.relayCluster"));
         assert!(e(json!({"relayCluster": "r", "tokenizer": "hf"})).contains("tokenizer"));
+        assert!(e(json!({"tokenizer": "hf"})).contains("kv-relay --tokenizer"));
         assert!(e(json!({"relayCluster": "r", "kvEventsConfig": {}})).contains("kv-relay"));
         assert!(e(json!({"relayCluster": "r", "pollIntervalMs": 0})).contains("pollIntervalMs"));
         assert!(e(json!({"speculativeTTL": "2 seconds"})).contains("speculativeTTL"));
@@ -504,6 +583,49 @@ mod tests {
         assert!(s.apply(other.to_string().as_bytes(), 1_300, &c).is_err());
         assert!(s.apply(b"not json", 1_300, &c).is_err());
         assert_eq!(s.query(), "?epoch=5&since=11");
+    }
+
+    /// `tokenizer: relay`: the relay's text keys, over the prompt as the servers see it
+    /// (its completion prefix, or the chat rendered by the template shape it learnt).
+    #[wasm_bindgen_test(unsupported = test)]
+    fn relay_text_keys_for_completions_and_chats() {
+        let c = PreciseConfig::from_parameters(&json!({"tokenizer": "relay"}), "p").unwrap();
+        let mut s = PreciseState::default();
+        let none: Option<std::iter::Empty<(&str, &str)>> = None;
+        // No relay answer yet: a chat cannot be rendered, a completion is as sent.
+        let chat = [("user", "hello")];
+        assert_eq!(
+            c.server_text(&s, Some(chat.into_iter()), ""),
+            Err(Unrendered)
+        );
+        assert_eq!(c.server_text(&s, none.clone(), "x"), Ok(None));
+        let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(4);
+        let text = format!("<bos>{prompt}");
+        let k = super::super::text_keys::keys("m", text.as_bytes(), 64, 256);
+        assert_eq!(k.len(), 2);
+        let snap = json!({"epoch": 1, "version": 1, "full": true,
+        "text": {"blockBytes": 64, "completionPrefix": "<bos>",
+                 "chat": {"head": "<bos>[u]", "seps": {}, "tails": {"user": "[a]"}, "trim": false}},
+        "servers": [
+            {"endpoint": "a:1", "blockSize": 16, "stale": false, "add": [k[0], k[1]]},
+            {"endpoint": "b:1", "blockSize": 16, "stale": false, "add": [k[1]]},
+        ]});
+        s.apply(snap.to_string().as_bytes(), 1_000, &c).unwrap();
+        let sent = c.server_text(&s, none, &prompt).unwrap().unwrap();
+        assert_eq!(sent, text);
+        let (m, _) = s.matches(&c, "m", &sent, ["a:1", "b:1"].into_iter(), 1_000);
+        assert_eq!(m[0].map(|m| (m.matched, m.total)), Some((2, 2)));
+        assert_eq!(m[1].map(|m| m.matched), Some(0), "a chain needs its head");
+        assert_eq!(
+            c.server_text(&s, Some(chat.into_iter()), "").unwrap(),
+            Some("<bos>[u]hello[a]".to_string())
+        );
+        // A role pair the shape does not know: not rendered (the caller falls back).
+        let unknown = [("user", "a"), ("assistant", "b"), ("user", "c")];
+        assert_eq!(
+            c.server_text(&s, Some(unknown.into_iter()), ""),
+            Err(Unrendered)
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -86,12 +86,19 @@ pub fn route(
         _ => None,
     };
     let view = latency::view(rt, now);
-    // With precise prefix matching, a chat prompt is rendered as the servers' chat
-    // template renders it, so its token ids are the servers'.
-    let rendered = match (&rt.scheduler.precise, request) {
-        (Some(p), Some(r)) if !r.chat.is_empty() => Some(p.render_chat(r.messages())),
-        _ => None,
+    // With precise prefix matching, the prompt is taken as the servers tokenize it: a chat
+    // rendered by their chat template (vllm-sim's, or the shape the relay learnt), a
+    // completion after what their tokenizer adds (the relay's completion prefix).
+    let server_text = match (&rt.scheduler.precise, request) {
+        (Some(p), Some(r)) => vm::with(|vm| {
+            let chat = (!r.chat.is_empty()).then(|| r.messages());
+            p.server_text(&vm.prefix.precise, chat, &r.prompt)
+        })
+        .unwrap_or(Err(crate::prefix::precise::Unrendered)),
+        _ => Ok(None),
     };
+    let unrendered_chat = server_text.is_err();
+    let rendered = server_text.unwrap_or(None);
     let pick = Pick {
         request: Request {
             model: &input.target,
@@ -107,6 +114,7 @@ pub fn route(
             priority: input.priority,
             prediction_based: input.prediction_based,
             latency: view.as_ref(),
+            unrendered_chat,
         },
         tokens,
         vm: vm_id,

@@ -49,6 +49,10 @@ pub struct Request<'a> {
     pub prediction_based: Option<bool>,
     /// The predictor's state and the SLO requests running (with a latency producer).
     pub latency: Option<&'a latency::View>,
+    /// A chat request the filter could not render as the servers' chat template does
+    /// (`precise-prefix-cache-scorer` with `tokenizer: relay`): precise matching falls
+    /// back to the approximate index for it.
+    pub unrendered_chat: bool,
 }
 
 impl Request<'_> {
@@ -395,7 +399,7 @@ impl Scheduler {
         // server reports holding part of is not cold, so the rendezvous prior is off.
         let mut reported_hit = false;
         let mut precise_keys = PromptKeys::new();
-        if let Some(precise) = &self.precise {
+        if let Some(precise) = self.precise.as_ref().filter(|_| !request.unrendered_chat) {
             let (reported, keys) = index.precise.matches(
                 precise,
                 request.model,

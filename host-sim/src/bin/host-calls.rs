@@ -5,9 +5,13 @@
 //!
 //! `[HOST_SIM_FUEL=1] cargo run --release -p host-sim --bin host-calls -- [--flow-control] [--stream]
 //!  [--tokens N] [--prompt-kib K] [--queued Q] [--requests N] [--rate R] [--fields]
-//!  [--config JSON] [--wasm PATH] [--endpoints N]` (`--endpoints`: servers in the pool, default 2;
-//!  `--fields`: the size of the shared records mid-run, by
-//!  field; `--wasm`: another build of the filter, e.g. to compare before and after a change)
+//!  [--config JSON] [--wasm PATH] [--endpoints N] [--prefix-scorer approx|text:MODEL_DIR]
+//!  [--chat]` (`--endpoints`: servers in the pool, default 2; `--fields`: the size of the
+//!  shared records mid-run, by field; `--wasm`: another build of the filter, e.g. to compare
+//!  before and after a change; `--prefix-scorer`: a profile of that scorer and
+//!  `max-score-picker` — `text:DIR` is `precise-prefix-cache-scorer` with `tokenizer: relay`
+//!  and host-sim's relay publishing text keys of the model in DIR, every server known to it
+//!  and holding none of the prompts; `--chat`: chat requests, one user message)
 //!
 //! Two runs of the same length in the same simulated Envoy (2 workers, 2 servers, metrics
 //! scraped every 50 ms): one with N requests at R per second (default 500), one with none; the
@@ -36,6 +40,10 @@ struct Args {
     fields: bool,
     wasm: Option<String>,
     config: Option<Value>,
+    /// `--prefix-scorer`: `None` (the configuration's), `Some(None)` approx, `Some(Some(dir))`
+    /// text keys.
+    prefix_scorer: Option<Option<String>>,
+    chat: bool,
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -51,6 +59,8 @@ fn parse() -> anyhow::Result<Args> {
         fields: false,
         wasm: None,
         config: None,
+        prefix_scorer: None,
+        chat: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -70,6 +80,15 @@ fn parse() -> anyhow::Result<Args> {
             "--fields" => a.fields = true,
             "--wasm" => a.wasm = Some(value()?),
             "--config" => a.config = Some(serde_json::from_str(&value()?)?),
+            "--chat" => a.chat = true,
+            "--prefix-scorer" => {
+                let v = value()?;
+                a.prefix_scorer = Some(match v.strip_prefix("text:") {
+                    Some(dir) => Some(dir.to_string()),
+                    None if v == "approx" => None,
+                    None => anyhow::bail!("--prefix-scorer: approx or text:MODEL_DIR, got {v}"),
+                });
+            }
             other => anyhow::bail!("unknown argument {other} (see the file's doc comment)"),
         }
     }
@@ -89,6 +108,17 @@ fn servers(a: &Args) -> Vec<String> {
 fn config(a: &Args) -> Value {
     let mut c = a.config.clone().unwrap_or_else(|| json!({}));
     c["pool"]["endpoints"] = json!(servers(a));
+    if let Some(scorer) = &a.prefix_scorer {
+        let scorer = match scorer {
+            None => json!({"type": "prefix-cache-scorer"}),
+            Some(_) => json!({"type": "precise-prefix-cache-scorer",
+                "parameters": {"relayCluster": "kv-relay", "tokenizer": "relay"}}),
+        };
+        let name = scorer["type"].clone();
+        c["plugins"] = json!([scorer, {"type": "max-score-picker"}]);
+        c["schedulingProfiles"] = json!([{"name": "default", "plugins": [
+            {"pluginRef": name}, {"pluginRef": "max-score-picker"}]}]);
+    }
     if a.flow_control {
         c["featureGates"] = json!(["flowControl"]);
         if a.queued > 0 {
@@ -117,6 +147,18 @@ fn run(a: &Args, requests: usize, end: u64) -> anyhow::Result<(Counts, Counts, C
         dst_header: "x-envoy-original-dst-host".into(),
     });
     let mut sim = Sim::new(cfg)?;
+    if let Some(Some(dir)) = &a.prefix_scorer {
+        let model = kv_relay::model::Model::load(std::path::Path::new(dir), None)
+            .map_err(|e| anyhow::anyhow!("--prefix-scorer: {e}"))?;
+        let text = kv_relay::state::TextKeys {
+            model: std::sync::Arc::new(model),
+            block: 64,
+        };
+        sim.add_kv_relay(host_sim::world::kv_relay::KvRelayConfig::new("kv-relay").text(text));
+        for s in &servers(a) {
+            sim.register_kv_relay_server(s, "sim-model");
+        }
+    }
     for s in &servers(a) {
         let server: Box<dyn Upstream> = Box::new(
             SimpleUpstream::new(s)
@@ -135,8 +177,14 @@ fn run(a: &Args, requests: usize, end: u64) -> anyhow::Result<(Counts, Counts, C
     }
     let start = ms(500);
     for i in 0..requests {
-        let spec =
-            RequestSpec::completion("sim-model", &format!("{i} {prompt}"), a.tokens, a.stream);
+        let text = format!("{i} {prompt}");
+        let spec = if a.chat {
+            let body = json!({"model": "sim-model", "max_tokens": a.tokens, "stream": a.stream,
+                "messages": [{"role": "user", "content": text}]});
+            RequestSpec::post("/v1/chat/completions", body.to_string())
+        } else {
+            RequestSpec::completion("sim-model", &text, a.tokens, a.stream)
+        };
         specs.push(spec.at(start + gap(a) * i as u64));
     }
     sim.add_requests(specs);

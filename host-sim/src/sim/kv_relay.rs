@@ -25,6 +25,14 @@ impl Sim {
         self.upstreams.kv_relay = Some(WorldRelay::new(cfg));
     }
 
+    /// Makes the relay know the server at `addr` (live, holding nothing) before it
+    /// publishes anything — for servers that publish no events (e.g. `SimpleUpstream`).
+    pub fn register_kv_relay_server(&mut self, addr: &str, model: &str) {
+        if let Some(relay) = self.upstreams.kv_relay.as_mut() {
+            relay.register(addr, model);
+        }
+    }
+
     /// The relay's state at the current virtual time, with every server's events taken
     /// (`None` without [`Sim::add_kv_relay`]).
     pub fn kv_relay(&mut self) -> Option<&kv_relay::state::Relay> {

@@ -18,7 +18,7 @@
 
 use super::clock::{Nanos, EPOCH_NANOS, MS, SEC};
 use super::upstream::KvPublished;
-use kv_relay::state::{client_version, Relay};
+use kv_relay::state::{client_version, Relay, TextKeys};
 use kv_relay::wire::{decode_batch, Batch};
 use std::collections::{BTreeMap, HashMap};
 
@@ -33,6 +33,8 @@ pub struct KvRelayConfig {
     pub max_blocks: usize,
     /// `--log-capacity`.
     pub log_capacity: usize,
+    /// `--tokenizer`: text keys from this model's token bytes; `None`: token-id keys.
+    pub text: Option<TextKeys>,
 }
 
 impl KvRelayConfig {
@@ -43,7 +45,14 @@ impl KvRelayConfig {
             lag: 5 * MS,
             max_blocks: 1_000_000,
             log_capacity: 1_000_000,
+            text: None,
         }
+    }
+
+    /// Publishing text keys (`kv-relay --tokenizer`).
+    pub fn text(mut self, text: TextKeys) -> Self {
+        self.text = Some(text);
+        self
     }
 
     /// With this event lag.
@@ -72,7 +81,10 @@ pub struct WorldRelay {
 impl WorldRelay {
     pub fn new(cfg: KvRelayConfig) -> WorldRelay {
         WorldRelay {
-            relay: Relay::new(1, cfg.max_blocks, cfg.log_capacity),
+            relay: match &cfg.text {
+                Some(t) => Relay::new(1, cfg.max_blocks, cfg.log_capacity).with_text(t.clone()),
+                None => Relay::new(1, cfg.max_blocks, cfg.log_capacity),
+            },
             cfg,
             servers: HashMap::new(),
             pending: BTreeMap::new(),
@@ -88,18 +100,24 @@ impl WorldRelay {
         &self.cfg.cluster
     }
 
-    /// Takes what the server at `addr` published (its batches are applied after the lag).
-    pub fn collect(&mut self, addr: &str, published: KvPublished) {
-        let s = match self.servers.get(addr) {
+    /// Registers the server at `addr` serving `model` (live, holding nothing) unless
+    /// known; returns its index. A server is otherwise registered by its first batch.
+    pub fn register(&mut self, addr: &str, model: &str) -> usize {
+        match self.servers.get(addr) {
             Some(&s) => s,
             None => {
-                let s = self.relay.add_server(addr, &published.model);
+                let s = self.relay.add_server(addr, model);
                 self.relay.set_stale(s, false);
                 self.servers.insert(addr.to_string(), s);
                 self.seq.push(0);
                 s
             }
-        };
+        }
+    }
+
+    /// Takes what the server at `addr` published (its batches are applied after the lag).
+    pub fn collect(&mut self, addr: &str, published: KvPublished) {
+        let s = self.register(addr, &published.model);
         for (at, events) in published.batches {
             let ts = (EPOCH_NANOS + at) as f64 / SEC as f64;
             let payload =

@@ -31,6 +31,9 @@ Engine:
                                     enable_kv_cache_events, publisher, endpoint,
                                     replay_endpoint, buffer_steps, topic; port 0:
                                     ephemeral, printed at start)
+  --tokenizer DIR                   a model directory (tokenizer.json, tokenizer_config.json
+                                    or chat_template.jinja): prompts are tokenized and chat
+                                    rendered as the real model's [the stand-in tokenizer]
   --num-gpu-blocks N                KV capacity in blocks (alias --kv-cache-size) [4096]
   --max-loras N                     distinct LoRA adapters per batch [1]
   --lora-modules NAME=PATH[,...]    adapters loaded at start (also JSON {\"name\",\"path\"})
@@ -150,6 +153,12 @@ where
             "num-gpu-blocks" | "kv-cache-size" => config.engine.num_gpu_blocks = int(&v)?,
             "max-loras" => config.engine.max_loras = int(&v)?,
             "lora-modules" => config.lora_modules.extend(parse_lora_modules(&v)?),
+            "tokenizer" => {
+                config.tokenizer = Some(std::sync::Arc::new(
+                    crate::model_tokenizer::ModelTokenizer::load(std::path::Path::new(&v))
+                        .map_err(|e| format!("--tokenizer: {e}"))?,
+                ))
+            }
             "kv-events-config" => config.kv_events = crate::kv_events::KvEventsConfig::parse(&v)?,
             "seed" => {
                 config.engine.seed = v

@@ -32,6 +32,7 @@ pub mod engine;
 pub mod failures;
 pub mod kv_events;
 pub mod metrics;
+pub mod model_tokenizer;
 pub mod rng;
 pub mod server;
 pub mod settings;

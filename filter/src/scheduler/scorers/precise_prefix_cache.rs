@@ -122,4 +122,60 @@ mod tests {
         assert_eq!(chosen, 2);
         assert!(m[2].matched > 0);
     }
+
+    /// `tokenizer: relay`: text keys the relay reports decide; a chat the filter could not
+    /// render as the servers do is matched by the approximate index instead.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn text_keys_decide_and_unrendered_chats_fall_back() {
+        let rt = crate::runtime::load(
+            &json!({
+                "plugins": [
+                    {"type": "precise-prefix-cache-scorer", "parameters": {"tokenizer": "relay"}},
+                    {"type": "max-score-picker"}
+                ],
+                "schedulingProfiles": [{"name": "default", "plugins": [
+                    {"pluginRef": "precise-prefix-cache-scorer"}, {"pluginRef": "max-score-picker"}
+                ]}]
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let s = &rt.scheduler;
+        let cfg = s.precise.clone().unwrap();
+        let c = candidates(&[(0, 0, 0.0); 2]);
+        let (a, b) = (&c[0].address, &c[1].address);
+        let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(8);
+        let k = crate::prefix::text_keys::keys("m", prompt.as_bytes(), 64, 256);
+        let mut index = PrefixIndex::new();
+        // The approximate index believes B holds it; the relay reports A.
+        let approx = crate::prefix::hash::hash_prompt("m", None, prompt.as_bytes(), 64, 256);
+        index.insert(b, &approx, 1000);
+        let state = json!({"epoch": 1, "version": 1, "full": true,
+        "text": {"blockBytes": 64, "completionPrefix": ""},
+        "servers": [
+            {"endpoint": a, "blockSize": 16, "stale": false, "add": k},
+            {"endpoint": b, "blockSize": 16, "stale": false, "add": []},
+        ]});
+        index
+            .precise
+            .apply(state.to_string().as_bytes(), 1_000, &cfg)
+            .unwrap();
+        let pick = |unrendered_chat: bool| {
+            let request = Request {
+                model: "m",
+                prompt: &prompt,
+                now_ms: 1_000,
+                unrendered_chat,
+                ..Request::default()
+            };
+            let mut rng = crate::rng::Rng::new(1);
+            let mut probe = crate::scheduler::Probe::new(None);
+            let d = s
+                .schedule(&request, &c, &index, &mut rng, &mut probe)
+                .unwrap();
+            d.primary().unwrap()
+        };
+        assert_eq!(pick(false), 0, "A reports the prompt's text blocks");
+        assert_eq!(pick(true), 1, "not rendered: the approximate index answers");
+    }
 }

@@ -3,6 +3,7 @@
 
 use super::errors::ApiError;
 use crate::engine::{FinishReason, KvTransfer, Usage};
+use crate::model_tokenizer::ModelTokenizer;
 use crate::tokenizer;
 use serde::Deserialize;
 use serde_json::Value;
@@ -80,12 +81,27 @@ struct ChatMessage {
     content: Value,
 }
 
-/// Parses a request body for `api`.
+/// Parses a request body for `api` (the stand-in tokenizer).
 pub fn parse(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError> {
+    parse_with(api, body, None)
+}
+
+/// Parses a request body for `api`, tokenized by `model` when given (`--tokenizer`).
+pub fn parse_with(
+    api: Api,
+    body: &[u8],
+    model: Option<&ModelTokenizer>,
+) -> Result<InferenceRequest, ApiError> {
     let (common, prompts) = match api {
         Api::Completions => {
             let b: CompletionBody = serde_json::from_slice(body).map_err(json_error)?;
-            (b.common, completion_prompts(&b.prompt)?)
+            let prompts = match (model, &b.prompt) {
+                (Some(m), Value::String(s)) => {
+                    vec![m.encode(s).map_err(ApiError::bad_request)?]
+                }
+                _ => completion_prompts(&b.prompt)?,
+            };
+            (b.common, prompts)
         }
         Api::Chat => {
             let b: ChatBody = serde_json::from_slice(body).map_err(json_error)?;
@@ -94,10 +110,15 @@ pub fn parse(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError> {
                     ApiError::bad_request("messages must not be empty").with_param("messages")
                 );
             }
-            (
-                b.common,
-                vec![tokenizer::encode(&chat_template(&b.messages))],
-            )
+            let tokens = match model {
+                Some(m) => {
+                    let messages: Vec<(&str, String)> =
+                        b.messages.iter().map(|x| (x.role(), x.text())).collect();
+                    m.encode_chat(&messages).map_err(ApiError::bad_request)?
+                }
+                None => tokenizer::encode(&chat_template(&b.messages)),
+            };
+            (b.common, vec![tokens])
         }
     };
     let kv = common.kv_transfer_params.unwrap_or_default();

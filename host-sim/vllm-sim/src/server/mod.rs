@@ -58,6 +58,9 @@ pub struct ServerConfig {
     pub max_request_body_bytes: usize,
     /// `--kv-events-config` (events on); `None`: no KV events.
     pub kv_events: Option<crate::kv_events::KvEventsConfig>,
+    /// `--tokenizer DIR`: a real model's tokenizer and chat template; `None`: the
+    /// stand-in tokenizer.
+    pub tokenizer: Option<std::sync::Arc<crate::model_tokenizer::ModelTokenizer>>,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +78,7 @@ impl Default for ServerConfig {
             lora_modules: Vec::new(),
             max_request_body_bytes: 4 << 20,
             kv_events: None,
+            tokenizer: None,
         }
     }
 }
@@ -198,6 +202,7 @@ pub(crate) struct Rank {
     vocabulary: Mutex<Vocabulary>,
     /// The KV-event publisher (`--kv-events-config`).
     kv_events: Option<crate::kv_events::Publisher>,
+    tokenizer: Option<std::sync::Arc<crate::model_tokenizer::ModelTokenizer>>,
 }
 
 impl Rank {
@@ -254,6 +259,7 @@ impl Rank {
             )),
             vocabulary: Mutex::new(Vocabulary::default()),
             kv_events: None,
+            tokenizer: config.tokenizer.clone(),
         })
     }
 

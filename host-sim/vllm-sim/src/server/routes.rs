@@ -175,7 +175,7 @@ pub(super) fn new_id(rank: &Rank, prefix: &str, sep: char) -> String {
 async fn inference(rank: &Arc<Rank>, api: Api, req: Request<Incoming>) -> Result<Resp, ApiError> {
     preflight(rank, &req)?;
     let body = read_body(rank, req).await?;
-    let request = openai::parse(api, &body)?;
+    let request = openai::parse_with(api, &body, rank.tokenizer.as_deref())?;
     let lora = resolve_lora(rank, request.model.as_deref())?;
     let display_model = request.model.clone().unwrap_or_else(|| rank.model.clone());
 
