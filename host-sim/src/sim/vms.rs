@@ -89,8 +89,15 @@ impl Sim {
                 "VM {vm} re-entered while suspended"
             )));
         };
+        // The base VM configures alone (Envoy loads the configuration on the main thread
+        // before any thread-local VM exists): it is never suspended for others to run.
+        let base = self
+            .vms
+            .slot
+            .get(vm)
+            .is_some_and(|s| s % (self.cfg.workers + 2) == SLOT_BASE);
         v.store.data_mut().preempt.enabled =
-            self.vms.busy.is_empty() && self.cfg.preempt_probability > 0.0;
+            !base && self.vms.busy.is_empty() && self.cfg.preempt_probability > 0.0;
         self.vms.busy.push(vm);
         let mut fut = Box::pin(v.invoke(cb));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());

@@ -33,7 +33,18 @@ def options(argv):
     p.add_argument("--concurrency", type=int, default=8, help="closed loop [8]")
     p.add_argument("--candidate-wasm", default=None)
     p.add_argument("--candidate-label", default="candidate")
+    p.add_argument("--prompt-tokens", type=int, default=0,
+                   help="prompts of about this many tokens, nearly all distinct (1,000 groups x 1,000 "
+                        "questions), instead of the 80-token prompts of 8 x 8 [0 = 80-token]")
     return p.parse_args(argv)
+
+
+def shape(o):
+    """loadgen's workload: the overhead bench's, or long, nearly distinct prompts."""
+    if o.prompt_tokens <= 0:
+        return SHAPE
+    return ["--groups", "1000", "--prompts-per-group", "1000", "--system-prompt-len", "64",
+            "--question-len", str(max(o.prompt_tokens - 64, 1)), "--output-len", "16"]
 
 
 def build(feature):
@@ -62,7 +73,7 @@ def run(o, procs):
         order = sides[rnd % len(sides):] + sides[:rnd % len(sides)]
         for name, envoy, client_routed in order:
             routing = ["--destinations", ",".join(sims), "--destination-header", envoy.header] if client_routed else []
-            base = ["--url", envoy.url, *routing, *SHAPE, "--no-stream", "--concurrency", str(o.concurrency),
+            base = ["--url", envoy.url, *routing, *shape(o), "--no-stream", "--concurrency", str(o.concurrency),
                     "--timeout", "10s", "--seed", str(rnd + 1)]
             loadgen(base + ["--requests", "500"], f"ladder warm-up {name}", 120)
             before = cpu_seconds(envoy.proc.pid)
@@ -88,7 +99,9 @@ def run(o, procs):
     notes = [
         f"Setup: 2 × `vllm-sim {' '.join(SIM_ARGS)}`; Envoy 1.40 `--concurrency 2` per side; {o.rounds} rounds, "
         f"sides in turns (rotated each round); per side and round 500 warm-up requests then {o.requests:,} "
-        f"measured, closed loop of {o.concurrency}, `/v1/completions` with 80-token prompts, 16 output tokens, "
+        f"measured, closed loop of {o.concurrency}, `/v1/completions` with "
+        + (f"prompts of about {o.prompt_tokens} tokens (1,000 groups × 1,000 questions: nearly all distinct)"
+           if o.prompt_tokens > 0 else "80-token prompts") + ", 16 output tokens, "
         "not streamed. CPU: the Envoy process's user + system time over the measured requests (/proc/PID/stat, "
         "all its threads), divided by them. Requests/s share the machine with the client and the servers.",
         "Stages: `callbacks only` = `--features ladder-continue` (every exported callback returns at once; the "
