@@ -23,7 +23,7 @@ from typing import List
 
 from common import (LOADGEN, ROOT, Result, fmt, http_get, loadgen, log, start_envoy, start_sims, table,
                     wait_for)
-from quality import shape, warm_up
+from quality import warm_up
 
 KV_RELAY = os.path.join(ROOT, "target/release/kv-relay")
 CONFIGS = os.path.join(ROOT, "scripts/lib/bench")
@@ -61,6 +61,13 @@ class PrefixCacheOptions:
 
 def sim_args(o):
     return ["--profile", "h100-llama-8b", "--max-num-seqs", str(o.max_num_seqs), "--num-gpu-blocks", str(o.kv_blocks)]
+
+
+def shape(o):
+    """loadgen's workload arguments."""
+    return ["--groups", str(o.groups), "--prompts-per-group", str(o.prompts_per_group),
+            "--system-prompt-len", str(o.system_prompt_len), "--question-len", str(o.question_len),
+            "--output-len", str(o.output_len), "--stream"]
 
 
 def start_event_sims(procs, o, tag):
@@ -197,7 +204,7 @@ def run(o, procs):
     if not os.path.exists(KV_RELAY):
         raise SystemExit(f"bench: {KV_RELAY} is missing (cargo build --release -p kv-relay)")
     sides = start_sides(o, procs)
-    warm_up(o, sides, "prefix-cache")
+    warm_up(o, sides, "prefix-cache", shape(o))
     results = measure(o, sides)
     relay = next(s["relay"] for s in sides.values() if s["relay"])
     size, blocks = snapshot_size(relay)

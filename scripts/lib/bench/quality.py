@@ -69,12 +69,14 @@ def start_sides(o, procs):
     return sides
 
 
-def warm_up(o, sides, label="quality"):
+def warm_up(o, sides, label="quality", workload=None):
     """The same seeded sequence at the first QPS to every side at once (their stacks are
-    independent and lightly loaded at that rate), so caches, routers and relays start warm."""
+    independent and lightly loaded at that rate), so caches, routers and relays start warm.
+    `workload`: loadgen's workload arguments [this bench's `shape(o)`]."""
+    workload = shape(o) if workload is None else workload
     warm = []
     for s, side in sides.items():
-        cmd = [LOADGEN, "--label", f"{label} warmup {s}", "--url", side["url"], *shape(o), "--qps",
+        cmd = [LOADGEN, "--label", f"{label} warmup {s}", "--url", side["url"], *workload, "--qps",
                str(o.qps[0]), "--duration", f"{o.warmup}s", "--timeout", "60s", "--seed", "999"]
         warm.append((s, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
     for s, p in warm:
