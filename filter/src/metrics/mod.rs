@@ -16,8 +16,9 @@
 //!   **microseconds**, `inference_pool_average_kv_cache_utilization` and the prefix hit
 //!   ratio **percent**, `pool_saturation` **thousandths**, averages are rounded.
 //!
-//! Gauges that describe the pool (`inference_pool_*`, the indexer size, pool saturation,
-//! stale endpoints) are *set* by the VM holding the scrape lease ([`Kind::Level`]);
+//! Gauges that describe the pool (`inference_pool_*`, pool saturation, stale endpoints) are
+//! *set* by the VM holding the scrape lease, the prefix indexer's size by every VM that
+//! routes ([`Kind::Level`]: the latest setting is the value);
 //! per-request metrics are added to by the worker that owns the request.
 //!
 //! Label values a client chooses (`model_name`, `target_model_name`, `fairness_id`) are
