@@ -374,58 +374,40 @@ impl PreciseState {
         let Some(largest) = servers.iter().flatten().map(|s| s.block_size).max() else {
             return (vec![None; candidates.len()], Vec::new());
         };
-        if cfg.tokenizer == Tokenizer::Relay {
-            // Text keys: one block size for every server (the relay's).
-            let Some(text) = &self.text else {
-                return (vec![None; candidates.len()], Vec::new());
-            };
-            let keys = super::text_keys::keys(
-                model,
-                prompt.as_bytes(),
-                text.block_bytes,
-                cfg.max_prefix_blocks,
-            );
-            let tokens_per_block = u32::try_from(text.block_bytes / 4)
-                .unwrap_or(u32::MAX)
-                .max(1);
-            let matches = servers
-                .iter()
-                .zip(&candidates)
-                .map(|(s, address)| {
-                    let s = (*s)?;
-                    let matched = keys
-                        .iter()
-                        .take_while(|k| {
-                            s.keys.contains(*k) || self.speculative.holds(address, **k, now_ms)
-                        })
-                        .count();
-                    Some(PrefixMatch {
-                        matched: u32::try_from(matched).unwrap_or(u32::MAX),
-                        total: u32::try_from(keys.len()).unwrap_or(u32::MAX),
-                        block_size_tokens: tokens_per_block,
-                    })
-                })
-                .collect();
-            // Text keys do not depend on a server's block size: the same keys under each
-            // size the servers report (normally one), for speculation.
-            let mut sizes: Vec<u32> = servers.iter().flatten().map(|s| s.block_size).collect();
-            sizes.sort_unstable();
-            sizes.dedup();
-            let by_size = sizes.into_iter().map(|b| (b, keys.clone())).collect();
-            return (matches, by_size);
-        }
-        let max_tokens = cfg
-            .max_prefix_blocks
-            .saturating_mul(usize::try_from(largest).unwrap_or(usize::MAX));
-        let tokens = cfg.tokens(prompt, max_tokens);
-        // Keys per block size (servers of one pool normally share it).
+        // Servers of one pool normally share a block size.
         let mut sizes: Vec<u32> = servers.iter().flatten().map(|s| s.block_size).collect();
         sizes.sort_unstable();
         sizes.dedup();
-        let by_size: Vec<(u32, Vec<u64>)> = sizes
-            .into_iter()
-            .map(|b| (b, keys(model, &tokens, b as usize, cfg.max_prefix_blocks)))
-            .collect();
+        // The prompt's keys per block size; with text keys (`tokenizer: relay`) the same keys
+        // under every size (a text block is the relay's, whatever the server's), and the
+        // tokens a text block stands for.
+        let (by_size, text_block_tokens): (PromptKeys, Option<u32>) =
+            if cfg.tokenizer == Tokenizer::Relay {
+                let Some(text) = &self.text else {
+                    return (vec![None; candidates.len()], Vec::new());
+                };
+                let keys = super::text_keys::keys(
+                    model,
+                    prompt.as_bytes(),
+                    text.block_bytes,
+                    cfg.max_prefix_blocks,
+                );
+                let tokens_per_block = u32::try_from(text.block_bytes / 4)
+                    .unwrap_or(u32::MAX)
+                    .max(1);
+                let by_size = sizes.into_iter().map(|b| (b, keys.clone())).collect();
+                (by_size, Some(tokens_per_block))
+            } else {
+                let max_tokens = cfg
+                    .max_prefix_blocks
+                    .saturating_mul(usize::try_from(largest).unwrap_or(usize::MAX));
+                let tokens = cfg.tokens(prompt, max_tokens);
+                let by_size = sizes
+                    .into_iter()
+                    .map(|b| (b, keys(model, &tokens, b as usize, cfg.max_prefix_blocks)))
+                    .collect();
+                (by_size, None)
+            };
         let matches = servers
             .iter()
             .zip(&candidates)
@@ -441,7 +423,7 @@ impl PreciseState {
                 Some(PrefixMatch {
                     matched: u32::try_from(matched).unwrap_or(u32::MAX),
                     total: u32::try_from(keys.len()).unwrap_or(u32::MAX),
-                    block_size_tokens: s.block_size,
+                    block_size_tokens: text_block_tokens.unwrap_or(s.block_size),
                 })
             })
             .collect();

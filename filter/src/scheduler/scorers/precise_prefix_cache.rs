@@ -44,14 +44,12 @@ mod tests {
     use serde_json::json;
     use wasm_bindgen_test::wasm_bindgen_test;
 
-    /// Through the scheduler: the relay's report beats the approximate index, an evicted
-    /// block stops the credit, a stale server falls back to the approximate index.
-    #[wasm_bindgen_test(unsupported = test)]
-    fn reported_blocks_decide_and_stale_servers_fall_back() {
-        let rt = crate::runtime::load(
+    /// A runtime whose one profile is this scorer (with `parameters`) and max-score-picker.
+    fn runtime(parameters: serde_json::Value) -> crate::runtime::Runtime {
+        crate::runtime::load(
             &json!({
                 "plugins": [
-                    {"type": "precise-prefix-cache-scorer", "parameters": {"relayCluster": "kv-relay"}},
+                    {"type": "precise-prefix-cache-scorer", "parameters": parameters},
                     {"type": "max-score-picker"}
                 ],
                 "schedulingProfiles": [{"name": "default", "plugins": [
@@ -60,7 +58,14 @@ mod tests {
             })
             .to_string(),
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    /// Through the scheduler: the relay's report beats the approximate index, an evicted
+    /// block stops the credit, a stale server falls back to the approximate index.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn reported_blocks_decide_and_stale_servers_fall_back() {
+        let rt = runtime(json!({"relayCluster": "kv-relay"}));
         let s = &rt.scheduler;
         let cfg = s.precise.clone().unwrap();
         let c = candidates(&[(0, 0, 0.0); 3]);
@@ -127,19 +132,7 @@ mod tests {
     /// render as the servers do is matched by the approximate index instead.
     #[wasm_bindgen_test(unsupported = test)]
     fn text_keys_decide_and_unrendered_chats_fall_back() {
-        let rt = crate::runtime::load(
-            &json!({
-                "plugins": [
-                    {"type": "precise-prefix-cache-scorer", "parameters": {"tokenizer": "relay"}},
-                    {"type": "max-score-picker"}
-                ],
-                "schedulingProfiles": [{"name": "default", "plugins": [
-                    {"pluginRef": "precise-prefix-cache-scorer"}, {"pluginRef": "max-score-picker"}
-                ]}]
-            })
-            .to_string(),
-        )
-        .unwrap();
+        let rt = runtime(json!({"tokenizer": "relay"}));
         let s = &rt.scheduler;
         let cfg = s.precise.clone().unwrap();
         let c = candidates(&[(0, 0, 0.0); 2]);
