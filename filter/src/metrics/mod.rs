@@ -803,6 +803,23 @@ pub const PREDICTOR_TRAINED: Metric = Metric {
     ..BASE
 };
 
+/// Training ticks' buckets (seconds): a tick trains on at most a few hundred samples.
+const TRAIN_BUCKETS: &[f64] = &[
+    0.000_01, 0.000_02, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.05,
+];
+
+/// One training tick of the VM that trains (recorded in microseconds): taking the
+/// pending samples from shared data, training on them, publishing the model.
+pub const PREDICTOR_TRAIN_DURATION: Metric = Metric {
+    name: "inference_extension_latency_predictor_train_duration_seconds",
+    kind: Kind::Histogram,
+    labels: &[],
+    help: "Time one training tick of the latency predictor took on the worker that trains (take the samples, train, publish).",
+    unit: Unit::Micros,
+    buckets: TRAIN_BUCKETS,
+    ..BASE
+};
+
 /// Every metric the filter defines.
 pub const ALL: &[Metric] = &[
     SCHEDULER_ATTEMPTS,
@@ -858,6 +875,7 @@ pub const ALL: &[Metric] = &[
     PREDICTOR_ABS_ERROR,
     PREDICTOR_SCORED,
     PREDICTOR_TRAINED,
+    PREDICTOR_TRAIN_DURATION,
 ];
 
 /// The metric of that name, if the filter defines it.

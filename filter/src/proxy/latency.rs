@@ -221,8 +221,11 @@ pub fn tick(rt: &Runtime, vm_id: u64, now_ms: i64) {
     if !super::scrape::holds_lease() {
         return;
     }
+    let started = host::clock_ns();
     match shared::train_tick(&HostStore, now_ms, settings.tau()) {
         Ok(Some(trained)) => {
+            let us = host::clock_ns().saturating_sub(started) / 1_000;
+            stats::observe(&metrics::PREDICTOR_TRAIN_DURATION, &[], us);
             let m = &trained.model;
             for (t, label) in [(Target::Ttft, "ttft"), (Target::Tpot, "tpot")] {
                 stats::set(&metrics::PREDICTOR_SAMPLES, &[label], m.samples(t));

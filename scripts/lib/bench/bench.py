@@ -9,14 +9,14 @@ bench-results/<UTC timestamp>-<subcommand>.md (common.write_result).
   bench.py slo [--command TEXT] [slo-sim's own options]
   bench.py breakdown [--command TEXT] [--candidate-wasm PATH [--candidate-label TEXT]]
                      [host-calls' own options]
-  bench.py autoscale|soak|ladder|footprint [--command TEXT] [that benchmark's own options]
+  bench.py autoscale|soak|ladder|footprint|slo-envoy [--command TEXT] [that benchmark's own options]
 
 Every subcommand but quality-sim accepts every option (scripts/bench all passes the same
 options to overhead, sched and quality) and uses the ones that concern it. Called by
 scripts/bench after it has built everything; not meant to be run directly.
 
 The benchmarks: overhead.py, quality.py, prefix_cache.py, sched.py, overload.py, flow_control_bench.py,
-quality_sim.py, breakdown.py, ladder.py, footprint.py; what they share: common.py.
+quality_sim.py, slo_sim.py, slo_envoy.py, breakdown.py, ladder.py, footprint.py; what they share: common.py.
 """
 import argparse
 import sys
@@ -33,6 +33,7 @@ import overload
 import prefix_cache
 import quality
 import quality_sim
+import slo_envoy
 import slo_sim
 import sched
 import soak
@@ -200,14 +201,15 @@ def parse(argv):
     if argv and argv[0] == "breakdown":
         command, o = breakdown_options(argv[1:])
         return "breakdown", command, breakdown, o
-    if argv and argv[0] in ("autoscale", "soak", "ladder", "footprint"):
+    if argv and argv[0] in ("autoscale", "soak", "ladder", "footprint", "slo-envoy"):
         rest = list(argv[1:])
         command = f"scripts/bench {argv[0]}"
         if "--command" in rest:
             i = rest.index("--command")
             command = rest[i + 1]
             del rest[i:i + 2]
-        module = {"autoscale": autoscale, "soak": soak, "ladder": ladder, "footprint": footprint}[argv[0]]
+        module = {"autoscale": autoscale, "soak": soak, "ladder": ladder, "footprint": footprint,
+                  "slo-envoy": slo_envoy}[argv[0]]
         return argv[0], command, module, module.options(rest)
     if argv and argv[0] == "quality-sim":
         command, rest = quality_sim_argv(argv[1:])

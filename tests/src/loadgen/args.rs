@@ -34,8 +34,10 @@ Workload (lengths in tokens; vllm-sim counts 4 characters per token):
   --groups N                   shared-prefix groups [8]
   --prompts-per-group N        distinct questions per group [8]
   --system-prompt-len N        shared prefix length [256]
-  --question-len N             per-prompt suffix length [64]
-  --output-len N               max_tokens, with ignore_eos [32]
+  --question-len N[-M]         per-prompt suffix length; N-M: drawn uniformly per
+                               prompt [64]
+  --output-len N[-M]           max_tokens, with ignore_eos; N-M: drawn uniformly per
+                               request [32]
   --zipf S                     skew over groups, weight 1/(k+1)^S [0 = uniform]
   --stream / --no-stream       streamed responses, TTFT and ITL measured [--stream]
   --tenants N                  x-gateway-inference-fairness-id tenant-0..N-1 [0 = none]
@@ -143,6 +145,22 @@ fn list(v: &str) -> Vec<String> {
         .collect()
 }
 
+/// `N` or `N-M` (M ≥ N): the range's bounds; a single `N` gives `(N, 0)` (no range).
+fn range(v: &str, flag: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("{flag}: expected N or N-M (tokens, M >= N), got {v:?}");
+    let int = |x: &str| x.trim().parse::<u32>().map_err(|_| bad());
+    match v.split_once('-') {
+        None => Ok((int(v)?, 0)),
+        Some((a, b)) => {
+            let (a, b) = (int(a)?, int(b)?);
+            if b < a {
+                return Err(bad());
+            }
+            Ok((a, b))
+        }
+    }
+}
+
 /// What the command line asks for.
 #[derive(Debug)]
 pub enum Command {
@@ -230,8 +248,13 @@ where
             "groups" => c.spec.groups = u32_of(num(v)?)?.max(1),
             "prompts-per-group" => c.spec.prompts_per_group = u32_of(num(v)?)?.max(1),
             "system-prompt-len" => c.spec.system_prompt_len = u32_of(num(v)?)?,
-            "question-len" => c.spec.question_len = u32_of(num(v)?)?,
-            "output-len" => c.spec.output_len = u32_of(num(v)?)?.max(1),
+            "question-len" => {
+                (c.spec.question_len, c.spec.question_len_max) = range(v, "--question-len")?
+            }
+            "output-len" => {
+                let (min, max) = range(v, "--output-len")?;
+                (c.spec.output_len, c.spec.output_len_max) = (min.max(1), max);
+            }
             "zipf" => c.spec.zipf = float()?,
             "stream" => c.spec.stream = true,
             "no-stream" => c.spec.stream = false,
@@ -270,6 +293,23 @@ mod tests {
             Ok(Command::Run(c)) => *c,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn lengths_take_a_range_and_refuse_a_reversed_one() {
+        let c = run(&[
+            "--url",
+            "h:1",
+            "--question-len",
+            "40-650",
+            "--output-len=16-128",
+        ]);
+        assert_eq!((c.spec.question_len, c.spec.question_len_max), (40, 650));
+        assert_eq!((c.spec.output_len, c.spec.output_len_max), (16, 128));
+        let c = run(&["--url", "h:1", "--question-len", "12"]);
+        assert_eq!((c.spec.question_len, c.spec.question_len_max), (12, 0));
+        let e = parse(["--url", "h:1", "--output-len", "9-3"]).unwrap_err();
+        assert!(e.contains("--output-len"), "{e}");
     }
 
     #[test]

@@ -45,7 +45,13 @@ pub struct Spec {
     pub prompts_per_group: u32,
     pub system_prompt_len: u32,
     pub question_len: u32,
+    /// With a value above `question_len`: each question's length is drawn uniformly
+    /// from `question_len..=question_len_max` (0 = every question `question_len` long).
+    pub question_len_max: u32,
     pub output_len: u32,
+    /// With a value above `output_len`: each request's `max_tokens` is drawn uniformly
+    /// from `output_len..=output_len_max` (0 = always `output_len`).
+    pub output_len_max: u32,
     pub stream: bool,
     /// Zipf exponent over groups (0 = uniform): group k is drawn with weight 1/(k+1)^s.
     pub zipf: f64,
@@ -70,7 +76,9 @@ impl Default for Spec {
             prompts_per_group: 8,
             system_prompt_len: 256,
             question_len: 64,
+            question_len_max: 0,
             output_len: 32,
+            output_len_max: 0,
             stream: true,
             zipf: 0.0,
             tenants: 0,
@@ -112,6 +120,16 @@ pub struct Workload {
 
 const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
 
+/// A length from `min..=max` (`min` when `max` is not above it; the generator is
+/// drawn only for a range, so fixed lengths keep the sequences they always gave).
+fn length(rng: &mut Rng, min: u32, max: u32) -> u32 {
+    if max > min {
+        min + rng.below(u64::from(max - min) + 1) as u32
+    } else {
+        min
+    }
+}
+
 /// `tokens` 4-character words.
 fn text(rng: &mut Rng, tokens: u32) -> String {
     let mut s = String::with_capacity(tokens as usize * 4);
@@ -135,7 +153,10 @@ impl Workload {
         let questions = (0..groups)
             .map(|_| {
                 (0..per)
-                    .map(|_| text(&mut rng, spec.question_len))
+                    .map(|_| {
+                        let n = length(&mut rng, spec.question_len, spec.question_len_max);
+                        text(&mut rng, n)
+                    })
                     .collect()
             })
             .collect();
@@ -192,6 +213,11 @@ impl Workload {
             let i = self.rng.below(self.spec.priorities.len() as u64) as usize;
             self.spec.priorities[i].clone()
         });
+        let max_tokens = length(
+            &mut self.rng,
+            self.spec.output_len,
+            self.spec.output_len_max,
+        );
         let system = &self.systems[group as usize];
         let question = &self.questions[group as usize][prompt as usize];
         let s = &self.spec;
@@ -208,7 +234,7 @@ impl Workload {
                 ],
             }),
         };
-        body["max_tokens"] = json!(s.output_len.max(1));
+        body["max_tokens"] = json!(max_tokens.max(1));
         body["ignore_eos"] = Value::Bool(true);
         body["stream"] = Value::Bool(s.stream);
         if s.stream {
@@ -332,6 +358,35 @@ mod tests {
         assert_eq!(body["messages"][1]["content"].as_str().unwrap().len(), 20);
         assert!(body.get("stream_options").is_none());
         assert!(r.tenant.is_none() && r.objective.is_none());
+    }
+
+    #[test]
+    fn length_ranges_give_every_length_in_the_range_and_only_those() {
+        let mut w = Workload::new(
+            Spec {
+                prompts_per_group: 50,
+                question_len_max: 9,
+                output_len_max: 12,
+                ..spec()
+            },
+            2,
+        );
+        let (mut questions, mut outputs) = (Vec::new(), Vec::new());
+        for i in 0..400 {
+            let r = w.next_request(i);
+            let body: Value = serde_json::from_str(&r.body).unwrap();
+            let prompt = body["prompt"].as_str().unwrap();
+            questions.push((prompt.len() - 40) / 4);
+            outputs.push(body["max_tokens"].as_u64().unwrap());
+        }
+        for n in 5..=9 {
+            assert!(questions.contains(&n), "question length {n} drawn");
+        }
+        assert!(questions.iter().all(|n| (5..=9).contains(n)));
+        for n in 7..=12 {
+            assert!(outputs.contains(&n), "max_tokens {n} drawn");
+        }
+        assert!(outputs.iter().all(|n| (7..=12).contains(n)));
     }
 
     #[test]
