@@ -12,6 +12,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use epp_filter::latency::features::N;
+use epp_filter::latency::predictor::Predictor;
 use epp_filter::latency::{self, Model, Sample, Settings, Slo, View};
 use epp_filter::rng::Rng;
 use epp_filter::scheduler::{Candidate, Metrics};
@@ -69,7 +70,7 @@ fn bench(c: &mut Criterion) {
             model.train(&s, 0);
         }
         let view = View {
-            model: Some(Rc::new(model)),
+            model: Some(Rc::new(Predictor::new(model))),
             min_tpot_slo: cands
                 .iter()
                 .step_by(3)

@@ -5,6 +5,8 @@
 //! * [`features`] — the predictor's inputs for one (request, endpoint) pair.
 //! * [`model`] — the incremental model (RLS global term × per-endpoint speed, mean or
 //!   quantile objective, running error) and its training samples.
+//! * [`predictor`] — the published model as picks use it (per-endpoint factors computed
+//!   once per model version).
 //! * [`headroom`] — a prediction against the request's SLO and the tightest TPOT SLO
 //!   already running on the endpoint.
 //! * [`observe`] — ground truth (TTFT, TPOT) from the response stream.
@@ -19,6 +21,7 @@ pub mod features;
 pub mod headroom;
 pub mod model;
 pub mod observe;
+pub mod predictor;
 pub mod producer;
 pub mod running;
 pub mod shared;
@@ -61,7 +64,7 @@ impl Slo {
 #[derive(Debug, Clone, Default)]
 pub struct View {
     /// The published model (`None` before the first training).
-    pub model: Option<Rc<Model>>,
+    pub model: Option<Rc<predictor::Predictor>>,
     /// The tightest TPOT SLO (ms) among the requests running on each endpoint.
     pub min_tpot_slo: HashMap<String, f64>,
 }
@@ -86,7 +89,6 @@ pub fn estimate(
     prefix: &[PrefixMatch],
 ) -> Vec<Estimate> {
     let model = view.and_then(|v| v.model.as_deref());
-    let terms = model.map(Model::terms).unwrap_or_default();
     candidates
         .iter()
         .enumerate()
@@ -94,9 +96,9 @@ pub fn estimate(
             let ratio = prefix.get(i).map_or(0.0, PrefixMatch::ratio);
             let x = features::of(input_tokens, ratio, c);
             let prediction = model.and_then(|m| {
-                let term = terms.get(c.address.as_str()).copied();
-                let ttft = m.predict_with(Target::Ttft, term, &x, settings.objective)?;
-                let tpot = m.predict_with(Target::Tpot, term, &x, settings.objective);
+                let factors = m.factors(&c.address);
+                let ttft = m.predict(Target::Ttft, factors, &x, settings.objective)?;
+                let tpot = m.predict(Target::Tpot, factors, &x, settings.objective);
                 let running_min = view.and_then(|v| v.min_tpot_slo.get(&c.address).copied());
                 Some(headroom::assess(
                     settings,

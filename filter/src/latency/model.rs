@@ -28,7 +28,6 @@
 //! VM that trains and read by all (`super::shared`).
 
 use super::features::N;
-use hashbrown::HashMap;
 use prost::Message;
 
 /// RLS forgetting factor: a sample's weight halves after about 140 newer ones, so the
@@ -270,32 +269,21 @@ impl Model {
         self.target(t).map_or(0.0, |m| m.error)
     }
 
-    /// The learnt terms by address (build once per pick: a lookup per candidate is then
-    /// O(1)).
-    pub fn terms(&self) -> HashMap<&str, &EndpointTerm> {
-        self.endpoints
-            .iter()
-            .map(|e| (e.address.as_str(), e))
-            .collect()
-    }
-
     /// The prediction of `t` (ms) for a request with features `x` on `address`, or
     /// `None` before the target has [`MIN_SAMPLES`].
     pub fn predict(&self, t: Target, address: &str, x: &[f64; N], obj: Objective) -> Option<f64> {
         let term = self.endpoints.iter().find(|e| e.address == address);
-        self.predict_with(t, term, x, obj)
+        self.predict_scaled(t, x, self.factor(t, term, obj))
     }
 
-    /// [`Model::predict`] with the endpoint's term already looked up (`None`: not learnt
-    /// yet, the pool-wide prediction).
-    pub fn predict_with(
-        &self,
-        t: Target,
-        term: Option<&EndpointTerm>,
-        x: &[f64; N],
-        obj: Objective,
-    ) -> Option<f64> {
-        let m = self.target(t).filter(|m| m.samples >= MIN_SAMPLES)?;
+    /// The multiplier of `t`'s global term on an endpoint with `term` (`None`: not
+    /// learnt yet, the pool-wide value) for objective `obj`: `exp(endpoint log +
+    /// residual)`. It does not depend on the request, so a VM computes it once per
+    /// published model ([`super::predictor::Predictor`]).
+    pub fn factor(&self, t: Target, term: Option<&EndpointTerm>, obj: Objective) -> f64 {
+        let Some(m) = self.target(t) else {
+            return 1.0;
+        };
         let log = term.map_or(0.0, |e| match t {
             Target::Ttft => e.ttft_log,
             Target::Tpot => e.tpot_log,
@@ -304,8 +292,14 @@ impl Model {
             Objective::Mean => m.median_log,
             Objective::Quantile(_) => m.quantile_log,
         };
-        // One `exp` per prediction.
-        let v = m.global(x) * (log + residual).exp();
+        (log + residual).exp()
+    }
+
+    /// The prediction of `t` at `x` with the endpoint's [`Model::factor`], or `None`
+    /// before the target has [`MIN_SAMPLES`].
+    pub fn predict_scaled(&self, t: Target, x: &[f64; N], factor: f64) -> Option<f64> {
+        let m = self.target(t).filter(|m| m.samples >= MIN_SAMPLES)?;
+        let v = m.global(x) * factor;
         v.is_finite().then_some(v.max(FLOOR_MS))
     }
 

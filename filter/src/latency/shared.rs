@@ -11,6 +11,7 @@
 //! microseconds natively, well under a millisecond in V8.
 
 use super::model::{Model, Sample};
+use super::predictor::Predictor;
 use crate::shared_store::{read, update, SharedStore, StoreError};
 use prost::Message;
 use std::rc::Rc;
@@ -102,22 +103,23 @@ pub fn train_tick(
     }))
 }
 
-/// A VM's copy of the published model, re-read when the version changes.
+/// A VM's copy of the published model, re-read (and prepared for picks) when the
+/// version changes.
 #[derive(Debug, Default)]
 pub struct Cache {
     version: u64,
-    model: Option<Rc<Model>>,
+    model: Option<Rc<Predictor>>,
 }
 
 impl Cache {
     /// The current model (reads the small version key; the model only when it changed).
-    pub fn refresh(&mut self, store: &impl SharedStore) -> Option<Rc<Model>> {
+    pub fn refresh(&mut self, store: &impl SharedStore) -> Option<Rc<Predictor>> {
         match read::<Version>(store, VERSION_KEY) {
             Ok(Some(v)) if v.n != self.version || self.model.is_none() => {
                 match read::<Model>(store, MODEL_KEY) {
                     Ok(Some(m)) => {
                         self.version = v.n;
-                        self.model = Some(Rc::new(m));
+                        self.model = Some(Rc::new(Predictor::new(m)));
                     }
                     Ok(None) => {}
                     Err(e) => log::debug!("latency model unreadable: {e:?}"),
@@ -167,7 +169,8 @@ mod tests {
         let second = train_tick(&store, 2, 0.9).unwrap().unwrap();
         assert_eq!(second.samples, 400 - MAX_TRAIN_PER_TICK);
         assert_eq!(train_tick(&store, 3, 0.9).unwrap(), None);
-        let m = reader.refresh(&store).unwrap();
+        let refreshed = reader.refresh(&store).unwrap();
+        let m = refreshed.model();
         assert_eq!(m.samples(Target::Ttft), 400);
         assert!(m.samples(Target::Ttft) >= MIN_SAMPLES);
         let mut x = [0.0; N];

@@ -6,6 +6,7 @@
 #[cfg(test)]
 mod tests {
     use crate::latency::features::N;
+    use crate::latency::predictor::Predictor;
     use crate::latency::{Model, Sample, View};
     use crate::scheduler::handlers::Handler;
     use crate::scheduler::testing::candidates;
@@ -192,7 +193,7 @@ mod tests {
         // Same load on both: TPOT predicted 10 + 10·5 = 60 ms. A runs a 50 ms TPOT request.
         let c = busy(&[(0, 5), (0, 5)]);
         let view = View {
-            model: Some(Rc::new(trained(&[a, b]))),
+            model: Some(Rc::new(Predictor::new(trained(&[a, b])))),
             min_tpot_slo: [(a.to_string(), 50.0)].into_iter().collect(),
         };
         let slo = Slo {
@@ -229,7 +230,7 @@ mod tests {
         // TTFT predicted 650, 150 and 350 ms.
         let c = busy(&[(6, 1), (1, 1), (3, 1)]);
         let view = View {
-            model: Some(Rc::new(trained(&eps))),
+            model: Some(Rc::new(Predictor::new(trained(&eps)))),
             ..View::default()
         };
         let r = slo_request(
@@ -252,7 +253,7 @@ mod tests {
         // TTFT predicted 350 and 150 ms; the SLO is 100 ms: nobody fits.
         let c = busy(&[(3, 1), (1, 1)]);
         let view = View {
-            model: Some(Rc::new(trained(&eps))),
+            model: Some(Rc::new(Predictor::new(trained(&eps)))),
             ..View::default()
         };
         let slo = Slo {
