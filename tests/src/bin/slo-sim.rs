@@ -368,57 +368,51 @@ fn observed(o: &Outcome) -> Option<(f64, f64)> {
     Some((ttft, tpot))
 }
 
-/// How far each served request of the window `label` is from its neighbours: the
-/// median TTFT and TPOT of the other requests dispatched to the same endpoint within
-/// [`HINDSIGHT_NS`] of it, as a prediction (MAPE over the window; TPOT over streams of
-/// more than one chunk). A predictor that knew, in hindsight, the load each request
-/// met, but nothing of the request itself, would have this error: an estimate of how
-/// much of the error no pick-time feature can remove (the engines' per-step jitter, the
-/// prompts that arrive after the pick).
-fn hindsight_mape(outcomes: &[Outcome], label: &str) -> Option<(f64, f64)> {
-    let mut by_endpoint: std::collections::HashMap<&str, Vec<(Nanos, f64, f64)>> =
+/// How far each served stream of the window `label` is from its neighbours: the
+/// median TPOT of the other streams dispatched to the same endpoint within
+/// [`NEIGHBOURS_NS`] of it, taken as a prediction (MAPE over the window's streams of more
+/// than one chunk). A predictor that knew, in hindsight, the load each request met but
+/// nothing of the request itself would have this error: how much TPOT varies between
+/// requests that shared a server at the same time.
+fn neighbours_tpot_mape(outcomes: &[Outcome], label: &str) -> Option<f64> {
+    let mut by_endpoint: std::collections::HashMap<&str, Vec<(Nanos, f64)>> =
         std::collections::HashMap::new();
     for o in outcomes {
-        if let (Some(ep), Some(at), Some((ttft, tpot))) =
+        if let (Some(ep), Some(at), Some((_, tpot))) =
             (o.endpoint.as_deref(), o.dispatched_at, observed(o))
         {
-            by_endpoint.entry(ep).or_default().push((at, ttft, tpot));
+            if tpot > 0.0 {
+                by_endpoint.entry(ep).or_default().push((at, tpot));
+            }
         }
     }
-    let median = |mut v: Vec<f64>| -> Option<f64> {
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_by(f64::total_cmp);
-        Some(v[v.len() / 2])
-    };
-    let (mut ttft_err, mut ttft_n, mut tpot_err, mut tpot_n) = (0.0, 0u64, 0.0, 0u64);
+    let (mut err, mut n) = (0.0, 0u64);
     for o in outcomes.iter().filter(|o| o.label.starts_with(label)) {
-        let (Some(ep), Some(at), Some((ttft, tpot))) =
+        let (Some(ep), Some(at), Some((_, tpot))) =
             (o.endpoint.as_deref(), o.dispatched_at, observed(o))
         else {
             continue;
         };
-        let near: Vec<&(Nanos, f64, f64)> = by_endpoint[ep]
-            .iter()
-            .filter(|n| n.0 != at && n.0.abs_diff(at) <= HINDSIGHT_NS)
+        let mut near: Vec<f64> = by_endpoint
+            .get(ep)
+            .into_iter()
+            .flatten()
+            .filter(|v| v.0 != at && v.0.abs_diff(at) <= NEIGHBOURS_NS)
+            .map(|v| v.1)
             .collect();
-        if let Some(m) = median(near.iter().map(|n| n.1).collect()) {
-            ttft_err += (m - ttft).abs() / ttft;
-            ttft_n += 1;
+        if tpot <= 0.0 || near.is_empty() {
+            continue;
         }
-        if tpot > 0.0 {
-            if let Some(m) = median(near.iter().map(|n| n.2).filter(|v| *v > 0.0).collect()) {
-                tpot_err += (m - tpot).abs() / tpot;
-                tpot_n += 1;
-            }
-        }
+        near.sort_by(f64::total_cmp);
+        err += (near[near.len() / 2] - tpot).abs() / tpot;
+        n += 1;
     }
-    (ttft_n > 0 && tpot_n > 0).then(|| (ttft_err / ttft_n as f64, tpot_err / tpot_n as f64))
+    (n > 0).then(|| err / n as f64)
 }
 
-/// Neighbours within this much dispatch time count for [`hindsight_mape`].
-const HINDSIGHT_NS: Nanos = SEC;
+/// Streams dispatched within this much of each other are neighbours for
+/// [`neighbours_tpot_mape`].
+const NEIGHBOURS_NS: Nanos = SEC;
 
 /// The predictor's error counters: (sum of APE in ‰, predictions scored) for TTFT, TPOT.
 fn error_counters(sim: &Sim) -> [(f64, f64); 2] {
@@ -576,7 +570,7 @@ fn accuracy(a: &Args) -> anyhow::Result<()> {
     );
     println!();
     println!(
-        "| window s | QPS | TTFT MAPE (n) | TPOT MAPE (n) | hindsight TTFT / TPOT MAPE | TTFT p50 ms | TPOT p50 ms |"
+        "| window s | QPS | TTFT MAPE (n) | TPOT MAPE (n) | TPOT vs its neighbours' median | TTFT p50 ms | TPOT p50 ms |"
     );
     println!("|---|---|---|---|---|---|---|");
     let (mut sim, _eps) = world(a, side)?;
@@ -616,7 +610,7 @@ fn accuracy(a: &Args) -> anyhow::Result<()> {
         let ttft: Vec<f64> = served.iter().map(|s| s.0).collect();
         let tpot: Vec<f64> = served.iter().map(|s| s.1).collect();
         let med = |v: &[f64]| Summary::of(v).map_or("-".into(), |s| format!("{:.0}", s.p50));
-        let hindsight = hindsight_mape(sim.outcomes(), &label);
+        let neighbours = neighbours_tpot_mape(sim.outcomes(), &label);
         println!(
             "| {}–{} | {} | {} | {} | {} | {} | {} |",
             k as f64 * a.window,
@@ -624,7 +618,7 @@ fn accuracy(a: &Args) -> anyhow::Result<()> {
             qps_at(k as f64 * a.window),
             pct(m[0]),
             pct(m[1]),
-            hindsight.map_or("-".into(), |(t, p)| format!("{:.1} % / {:.1} %", 100.0 * t, 100.0 * p)),
+            neighbours.map_or("-".into(), |v| format!("{:.1} %", 100.0 * v)),
             med(&ttft),
             med(&tpot)
         );
