@@ -258,6 +258,20 @@ def loadgen(args, label, limit):
     return json.loads(r.stdout)
 
 
+def finish(p, what, limit):
+    """Waits at most `limit` s for a loadgen started with stderr piped (text); exits the
+    bench, naming `what`, if it does not finish or fails; its stderr."""
+    try:
+        _, err = p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise SystemExit(f"bench: {what} did not finish")
+    if p.returncode != 0:
+        raise SystemExit(f"bench: {what} failed: {err[-2000:]}")
+    return err
+
+
 def read_records(path):
     """The per-request JSON lines loadgen --records wrote."""
     with open(path) as f:

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import List
 
-from common import LOADGEN, Result, fmt, http_get, loadgen, log, pct, read_records, start_envoy, start_sims, table
+from common import (LOADGEN, Result, finish, fmt, http_get, loadgen, log, pct, read_records, start_envoy, start_sims,
+                    table)
 
 OBJECTIVES = [("premium", 100), ("standard", 0), ("best-effort", -10)]
 DISPATCH_HIST = "inference_extension_flow_control_dispatch_cycle_duration_seconds"
@@ -232,14 +233,7 @@ def start_tenants(o, url, side, qps, rnd, rdir):
 def wait_tenants(o, runs, side):
     """Waits for the tenants' loadgens (bounded); exits if one fails."""
     for i, p, _, _ in runs:
-        try:
-            _, err = p.communicate(timeout=o.seconds + o.timeout + 60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            raise SystemExit(f"bench: loadgen tenant-{i} ({side}) did not finish")
-        if p.returncode != 0:
-            raise SystemExit(f"bench: loadgen tenant-{i} ({side}) failed: {err[-2000:]}")
+        finish(p, f"loadgen tenant-{i} ({side})", o.seconds + o.timeout + 60)
 
 
 def run_side(o, procs, flow, qps, rnd, rdir):

@@ -8,7 +8,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from common import LOADGEN, Candidate, Result, fmt, loadgen, log, start_envoy, start_sglang, start_sims, table
+from common import (LOADGEN, Candidate, Result, finish, fmt, loadgen, log, start_envoy, start_sglang, start_sims,
+                    table)
 
 
 @dataclass
@@ -80,14 +81,7 @@ def warm_up(o, sides, label="quality", workload=None):
                str(o.qps[0]), "--duration", f"{o.warmup}s", "--timeout", "60s", "--seed", "999"]
         warm.append((s, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
     for s, p in warm:
-        try:
-            _, err = p.communicate(timeout=o.warmup + 120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            raise SystemExit(f"bench: warm-up of {s} did not finish")
-        if p.returncode != 0:
-            raise SystemExit(f"bench: warm-up of {s} failed: {err}")
+        err = finish(p, f"warm-up of {s}", o.warmup + 120)
         log(f"warmed up {s}: {err.strip().splitlines()[-1] if err.strip() else ''}")
 
 

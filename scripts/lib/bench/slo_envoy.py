@@ -24,8 +24,8 @@ import os
 import subprocess
 import tempfile
 
-from common import (LOADGEN, ROOT, Result, fmt, http_get, log, pct, read_records, start_envoy, start_sims,
-                    table)
+from common import (LOADGEN, ROOT, Result, finish, fmt, http_get, log, pct, read_records, start_envoy,
+                    start_sims, table)
 
 SLO_CONFIG = os.path.join(ROOT, "envoy/config/slo-routing.json")
 OBJECTIVES = [{"name": "critical", "priority": 10}, {"name": "standard", "priority": 0},
@@ -108,14 +108,7 @@ def send(o, envoy, qps, seconds, seed, records=None):
                                                      text=True)))
     out = {}
     for name, path, p in running:
-        try:
-            _, err = p.communicate(timeout=seconds + 240)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            raise SystemExit(f"bench: slo-envoy: loadgen ({name}) did not finish")
-        if p.returncode != 0:
-            raise SystemExit(f"bench: slo-envoy: loadgen ({name}) failed: {err[-2000:]}")
+        finish(p, f"slo-envoy: loadgen ({name})", seconds + 240)
         out[name] = path
     return out
 
