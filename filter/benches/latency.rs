@@ -71,11 +71,13 @@ fn bench(c: &mut Criterion) {
         }
         let view = View {
             model: Some(Rc::new(Predictor::new(model))),
-            min_tpot_slo: cands
-                .iter()
-                .step_by(3)
-                .map(|c| (c.address.clone(), 40.0))
-                .collect(),
+            min_tpot_slo: Rc::new(
+                cands
+                    .iter()
+                    .step_by(3)
+                    .map(|c| (c.address.clone(), 40.0))
+                    .collect(),
+            ),
         };
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| {

@@ -66,7 +66,7 @@ pub struct View {
     /// The published model (`None` before the first training).
     pub model: Option<Rc<predictor::Predictor>>,
     /// The tightest TPOT SLO (ms) among the requests running on each endpoint.
-    pub min_tpot_slo: HashMap<String, f64>,
+    pub min_tpot_slo: Rc<HashMap<String, f64>>,
 }
 
 /// The features and predictions of one request on one endpoint.

@@ -182,7 +182,7 @@ impl Http {
         route::finished(&done, self.response_bytes, now_us);
         feedback::finished(self.id, vm::id());
         if self.rt.scheduler.latency.is_some() {
-            latency::finished(&self.rt, vm::id(), self.id, &done.model, &done.target);
+            latency::finished(self.id, &done.model, &done.target);
         }
         flow::finished(&done, self.id);
     }

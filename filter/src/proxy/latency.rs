@@ -10,7 +10,7 @@
 use super::{host, host::Map, stats, store::HostStore, vm};
 use crate::inflight;
 use crate::latency::observe::{completion_tokens, Tracked};
-use crate::latency::running::{self, Entry};
+use crate::latency::running::Entry;
 use crate::latency::shared::{self, MAX_LOCAL};
 use crate::latency::{Estimate, Slo, Target, View};
 use crate::metrics;
@@ -27,16 +27,10 @@ fn ttl_ms(rt: &Runtime) -> i64 {
 }
 
 /// What a pick knows of the predictor (`None` without a latency producer).
-pub fn view(rt: &Runtime, now_ms: i64) -> Option<View> {
+pub fn view(rt: &Runtime) -> Option<View> {
     rt.scheduler.latency.as_ref()?;
-    let model = vm::with(|vm| vm.model.refresh(&HostStore)).flatten();
-    let min_tpot_slo = match running::load(&HostStore) {
-        Ok(r) => running::tightest_tpot(&r, now_ms),
-        Err(e) => {
-            log::debug!("running SLO list unreadable: {e:?}");
-            Default::default()
-        }
-    };
+    let (model, min_tpot_slo) =
+        vm::with(|vm| (vm.model.refresh(&HostStore), vm.slo_running.tightest()))?;
     Some(View {
         model,
         min_tpot_slo,
@@ -46,10 +40,7 @@ pub fn view(rt: &Runtime, now_ms: i64) -> Option<View> {
 /// The request `ctx` went to `endpoint` with `estimate` (its features and prediction
 /// there): remember it for the response path, and list it on the endpoint when it has a
 /// TPOT SLO.
-#[allow(clippy::too_many_arguments)]
 pub fn dispatched(
-    rt: &Runtime,
-    vm_id: u64,
     ctx: u32,
     endpoint: &str,
     estimate: Option<Estimate>,
@@ -74,10 +65,8 @@ pub fn dispatched(
             predicted_tpot_ms: t.predicted_tpot_ms.unwrap_or(0.0),
             started_ms: now_ms,
         };
-        match running::add(&HostStore, vm_id, entry, now_ms, ttl_ms(rt)) {
-            Ok(()) => t.listed = true,
-            Err(e) => log::warn!("cannot list the request on {endpoint}: {e:?}"),
-        }
+        vm::with(|vm| vm.slo_running.add(entry));
+        t.listed = true;
     }
     vm::with(|vm| vm.tracked.insert(ctx, t));
 }
@@ -140,7 +129,7 @@ pub fn response_chunk(ctx: u32, size: usize, end_of_stream: bool) {
 }
 
 /// The stream of `ctx` ended: record its sample and metrics, unlist it.
-pub fn finished(rt: &Runtime, vm_id: u64, ctx: u32, model: &str, target: &str) {
+pub fn finished(ctx: u32, model: &str, target: &str) {
     let Some(Some(t)) = vm::with(|vm| vm.tracked.remove(&ctx)) else {
         return;
     };
@@ -148,10 +137,7 @@ pub fn finished(rt: &Runtime, vm_id: u64, ctx: u32, model: &str, target: &str) {
         left_prefill(&t.endpoint, &t.x);
     }
     if t.listed {
-        let now = host::clock_ms();
-        if let Err(e) = running::remove(&HostStore, vm_id, ctx, now, ttl_ms(rt)) {
-            log::warn!("cannot unlist a finished request: {e:?}");
-        }
+        vm::with(|vm| vm.slo_running.remove(ctx));
     }
     let Some(truth) = t.truth() else { return };
     let labels = [model, target];
@@ -215,8 +201,12 @@ pub fn tick(rt: &Runtime, vm_id: u64, now_ms: i64) {
     if let Err(e) = shared::push(&HostStore, &samples) {
         log::warn!("cannot push {} latency samples: {e:?}", samples.len());
     }
-    if let Err(e) = running::heartbeat(&HostStore, vm_id, now_ms, ttl_ms(rt)) {
-        log::debug!("running SLO list heartbeat failed: {e:?}");
+    let published = vm::with(|vm| {
+        vm.slo_running
+            .publish(&HostStore, vm_id, now_ms, ttl_ms(rt))
+    });
+    if let Some(Err(e)) = published {
+        log::debug!("running SLO list not published: {e:?}");
     }
     if !super::scrape::holds_lease() {
         return;

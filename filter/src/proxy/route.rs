@@ -85,7 +85,7 @@ pub fn route(
         }
         _ => None,
     };
-    let view = latency::view(rt, now);
+    let view = latency::view(rt);
     // With precise prefix matching, the prompt is taken as the servers tokenize it: a chat
     // rendered by their chat template (vllm-sim's, or the shape the relay learnt), a
     // completion after what their tokenizer adds (the relay's completion prefix).
@@ -245,8 +245,6 @@ pub fn route(
     feedback::dispatched(ctx, expected, request.is_some_and(|r| r.usage_expected));
     if rt.scheduler.latency.is_some() {
         latency::dispatched(
-            rt,
-            vm_id,
             ctx,
             &primary,
             estimate,

@@ -124,6 +124,8 @@ pub struct Vm {
     pub tracked: HashMap<u32, Tracked>,
     /// This VM's copy of the published latency model.
     pub model: Cache,
+    /// Its running SLO requests, and every VM's as of its last tick.
+    pub slo_running: crate::latency::running::Local,
     /// Training samples not yet pushed to the shared queue.
     pub samples: Vec<Sample>,
     /// Routing decisions made by this VM (plugins are timed in a sample of them).

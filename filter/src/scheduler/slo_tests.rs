@@ -194,7 +194,7 @@ mod tests {
         let c = busy(&[(0, 5), (0, 5)]);
         let view = View {
             model: Some(Rc::new(Predictor::new(trained(&[a, b])))),
-            min_tpot_slo: [(a.to_string(), 50.0)].into_iter().collect(),
+            min_tpot_slo: Rc::new([(a.to_string(), 50.0)].into_iter().collect()),
         };
         let slo = Slo {
             ttft_ms: Some(1_000.0),
