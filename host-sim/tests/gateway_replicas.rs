@@ -301,24 +301,19 @@ fn a_replica_with_most_of_the_traffic_borrows_the_capacity_others_leave_idle() {
 
 // --- Near the pool's capacity ---------------------------------------------------------
 
-/// The default profile with `rendezvous-home-filter` (its defaults) in place of the
-/// utilization detector's filter when `home`.
+/// The default profile, or with `home` the profile of `envoy/config/rendezvous-home.json`
+/// (`rendezvous-home-filter` in place of the utilization detector's filter, acting only
+/// while the servers show other gateways' requests; alone, the utilization detector's
+/// filter).
 fn near_capacity_config(eps: &[String], home: bool) -> String {
-    let mut cfg = json!({ "pool": { "endpoints": eps } });
-    if home {
-        cfg["plugins"] = json!([
-            {"type": "rendezvous-home-filter"},
-            {"type": "queue-scorer"},
-            {"type": "kv-cache-utilization-scorer"},
-            {"type": "prefix-cache-scorer"},
-        ]);
-        cfg["schedulingProfiles"] = json!([{"name": "default", "plugins": [
-            {"pluginRef": "rendezvous-home-filter"},
-            {"pluginRef": "queue-scorer", "weight": 2},
-            {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-            {"pluginRef": "prefix-cache-scorer", "weight": 3},
-        ]}]);
-    }
+    let mut cfg = if home {
+        let path = tests::paths::root().join("envoy/config/rendezvous-home.json");
+        let text = std::fs::read_to_string(&path).expect("envoy/config/rendezvous-home.json");
+        serde_json::from_str(&text).expect("rendezvous-home.json is JSON")
+    } else {
+        json!({})
+    };
+    cfg["pool"] = json!({ "endpoints": eps });
     cfg.to_string()
 }
 
@@ -389,12 +384,18 @@ fn hit_rate_near_capacity(replicas: usize, home: bool) -> f64 {
 /// Near the pool's capacity, replicas that decide apart scatter a prefix group once its
 /// owner queues (each learns its own fallback), and the lost hits tip the pool into
 /// overload: with the default profile four replicas fall to about half the hits (0.50
-/// here). With `rendezvous-home-filter` every replica keeps a group on the same few
-/// servers, and four replicas keep the hit rate of one within a few points (0.85 against
-/// 0.88 here).
+/// here). With `envoy/config/rendezvous-home.json` every replica keeps a group on the same
+/// few servers, and four replicas keep the hit rate of one within a few points (0.85
+/// against 0.88 here); one replica, alone in front of the pool, routes exactly as with the
+/// default profile.
 #[test]
 fn near_capacity_four_replicas_with_the_home_filter_keep_one_replicas_hit_rate() {
     let one = hit_rate_near_capacity(1, true);
+    assert_eq!(
+        one,
+        hit_rate_near_capacity(1, false),
+        "alone, the home filter's profile routes as the default profile"
+    );
     let four = hit_rate_near_capacity(4, true);
     let four_default = hit_rate_near_capacity(4, false);
     assert!(

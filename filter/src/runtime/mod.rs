@@ -77,13 +77,22 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Whether a `concurrency-detector` counts the other gateway replicas' requests from
-    /// the servers' reports (`inFlightSource: servers`): only then does a scrape record
-    /// this gateway's own requests in flight at each server.
+    /// Whether a plugin reads the other gateway replicas' requests from the servers'
+    /// reports: a `concurrency-detector` with `inFlightSource: servers`, or a
+    /// `rendezvous-home-filter` with `otherGatewayShare` above 0. Only then does a scrape
+    /// record this gateway's own requests in flight at each server.
     pub fn counts_other_replicas(&self) -> bool {
         self.resolved.plugins.iter().any(|p| {
-            p.type_name == "concurrency-detector"
-                && p.parameters.get("inFlightSource").and_then(Value::as_str) == Some("servers")
+            let param = |name| p.parameters.get(name);
+            match p.type_name.as_str() {
+                "concurrency-detector" => {
+                    param("inFlightSource").and_then(Value::as_str) == Some("servers")
+                }
+                "rendezvous-home-filter" => {
+                    param("otherGatewayShare").and_then(Value::as_f64) > Some(0.0)
+                }
+                _ => false,
+            }
         })
     }
 }

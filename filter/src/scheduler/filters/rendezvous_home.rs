@@ -7,18 +7,31 @@
 //! rendezvous key (the chained hash of its leading `rendezvousPriorBlocks` blocks:
 //! `crate::prefix::rendezvous`): every replica computes the same order from the prompt and
 //! the endpoints alone. An endpoint's load is its `running + waiting` by the last scrape
-//! (or this gateway's own requests in flight there, when more); the bound is
-//! `ceil(loadFactor × mean load over the endpoints in play) + 1` (1.5 by default). The
-//! bound is relative, so when the whole pool queues a group stays home, and a loaded home
+//! (or this gateway's own requests in flight there, when more); it is within the bound
+//! while it queues nothing (`Candidate::waiting_estimate` is 0: it serves a request at
+//! once, however busy) or its load is at most `ceil(loadFactor × mean load over the
+//! endpoints in play) + 1` (1.5 by default). The bound is relative, so when the whole pool queues a group stays home, and a loaded home
 //! endpoint gives its place to the next in the order, which every replica reading the
 //! same scrape agrees on. The scorers choose within the home. Without a key (no prefix
 //! plugin, `rendezvousPrior: false`, or a prompt without blocks) every endpoint is kept;
 //! if no endpoint is within the bound (only possible with a factor below 1), the first
 //! `homeSize` in the order are.
+//!
+//! With `otherGatewayShare` above 0 the filter acts only while other gateways route to the
+//! pool too: while at least that share of the requests the endpoints in play reported
+//! (`running + waiting`, by their last scrape) were not this gateway's own in flight there
+//! when it scraped ([`crate::endpoint::Metrics::other_load`]). A gateway alone in front of
+//! its pool learns where every group is, so it keeps every endpoint and leaves the choice
+//! to the filters and scorers after it, as without the filter. `whenAlone` (the parameters
+//! of `utilization-detector`, `{}` for its defaults) gives the filter it applies instead
+//! while alone, and to a prompt without a key: the default profile's, so one gateway
+//! routes exactly as with the utilization detector, and several keep their groups home.
 
 use crate::config::validate::err;
 use crate::config::{ConfigError, Params};
+use crate::flow_control::saturation::utilization;
 use crate::rng::Rng;
+use crate::scheduler::filters::saturation::Utilization;
 use crate::scheduler::{Cycle, Filter};
 use serde_json::Value;
 use xxhash_rust::xxh64::xxh64;
@@ -31,6 +44,9 @@ pub const DEFAULT_HOME_SIZE: usize = 3;
 
 /// Default `loadFactor`.
 pub const DEFAULT_LOAD_FACTOR: f64 = 1.5;
+
+/// Default `otherGatewayShare`.
+pub const DEFAULT_OTHER_GATEWAY_SHARE: f64 = 0.0;
 
 /// An endpoint's load: its requests by the last scrape (running + waiting), or this
 /// gateway's own in flight there when that is more (dispatches since the scrape).
@@ -49,6 +65,11 @@ pub struct RendezvousHome {
     /// `loadFactor`: an endpoint is home only while its load is at most this times the
     /// mean over the endpoints in play (rounded up, plus one); 0 = no bound.
     pub load_factor: f64,
+    /// `otherGatewayShare`: act only while at least this share of the endpoints' scraped
+    /// requests are other gateways'; 0 = always.
+    pub other_share: f64,
+    /// `whenAlone`: the utilization filter applied instead while alone, or without a key.
+    pub alone: Option<Utilization>,
 }
 
 impl Default for RendezvousHome {
@@ -56,14 +77,33 @@ impl Default for RendezvousHome {
         Self {
             size: DEFAULT_HOME_SIZE,
             load_factor: DEFAULT_LOAD_FACTOR,
+            other_share: DEFAULT_OTHER_GATEWAY_SHARE,
+            alone: None,
         }
     }
 }
 
+/// Whether other gateways' requests are at least `share` of what the endpoints reported
+/// by their last scrape (never with nothing reported).
+fn others_at_least(cx: &Cycle<'_>, endpoints: &[usize], share: f64) -> bool {
+    let (mut others, mut total) = (0u64, 0u64);
+    for c in endpoints.iter().filter_map(|&i| cx.candidate(i)) {
+        others = others.saturating_add(c.metrics.other_load());
+        total = total.saturating_add(c.metrics.running.saturating_add(c.metrics.waiting));
+    }
+    total > 0 && others as f64 >= share * total as f64
+}
+
 impl Filter for RendezvousHome {
-    fn filter(&self, cx: &Cycle<'_>, endpoints: Vec<usize>, _rng: &mut Rng) -> Vec<usize> {
-        let Some(key) = cx.rendezvous_key else {
-            return endpoints;
+    fn filter(&self, cx: &Cycle<'_>, endpoints: Vec<usize>, rng: &mut Rng) -> Vec<usize> {
+        let key = cx.rendezvous_key.filter(|_| {
+            self.other_share <= 0.0 || others_at_least(cx, &endpoints, self.other_share)
+        });
+        let Some(key) = key else {
+            return match &self.alone {
+                Some(f) => f.filter(cx, endpoints, rng),
+                None => endpoints,
+            };
         };
         if endpoints.len() <= self.size {
             return endpoints;
@@ -86,10 +126,11 @@ impl Filter for RendezvousHome {
         } else {
             u64::MAX
         };
+        let within = |c: &crate::endpoint::Candidate| c.waiting_estimate() == 0 || load(c) <= bound;
         let mut home: Vec<usize> = weighted
             .iter()
             .map(|&(_, i)| i)
-            .filter(|&i| cx.candidate(i).map_or(0, load) <= bound)
+            .filter(|&i| cx.candidate(i).is_some_and(within))
             .take(self.size)
             .collect();
         if home.is_empty() {
@@ -101,9 +142,21 @@ impl Filter for RendezvousHome {
 }
 
 impl RendezvousHome {
-    /// Builds the filter from its `parameters` (`homeSize`, default 2, at least 1).
+    /// Builds the filter from its `parameters` (`homeSize`, `loadFactor`,
+    /// `otherGatewayShare`).
     pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
-        let p = Params::new(Some(v), path, &["homeSize", "loadFactor"])?;
+        let p = Params::new(
+            Some(v),
+            path,
+            &["homeSize", "loadFactor", "otherGatewayShare", "whenAlone"],
+        )?;
+        let other_share = p.f64("otherGatewayShare", DEFAULT_OTHER_GATEWAY_SHARE)?;
+        if !(0.0..=1.0).contains(&other_share) {
+            return Err(err(
+                &p.path("otherGatewayShare"),
+                format!("must be between 0 (always act) and 1, got {other_share}"),
+            ));
+        }
         let load_factor = p.f64("loadFactor", DEFAULT_LOAD_FACTOR)?;
         if load_factor < 0.0 {
             return Err(err(
@@ -114,7 +167,25 @@ impl RendezvousHome {
         let size = p.positive("homeSize", DEFAULT_HOME_SIZE as i64)?;
         let size = usize::try_from(size)
             .map_err(|_| err(&p.path("homeSize"), format!("too large: {size}")))?;
-        Ok(Self { size, load_factor })
+        let alone = match p.get("whenAlone") {
+            None => None,
+            Some(_) if other_share <= 0.0 => {
+                return Err(err(
+                    &p.path("whenAlone"),
+                    "applies only with otherGatewayShare above 0 (the filter acts always)",
+                ))
+            }
+            Some(v) => Some(Utilization(utilization::Params::parse(
+                v,
+                &p.path("whenAlone"),
+            )?)),
+        };
+        Ok(Self {
+            size,
+            load_factor,
+            other_share,
+            alone,
+        })
     }
 }
 
@@ -165,6 +236,7 @@ mod tests {
         let f = RendezvousHome {
             size: 1,
             load_factor: 1.5,
+            ..RendezvousHome::default()
         };
         let mut c = candidates(&[(0, 4, 0.1); 4]);
         let owner = home(&f, &c, Some(7));
@@ -184,8 +256,78 @@ mod tests {
         let unbounded = RendezvousHome {
             size: 1,
             load_factor: 0.0,
+            ..RendezvousHome::default()
         };
         assert_eq!(home(&unbounded, &c, Some(7)), owner);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn with_other_gateway_share_it_acts_only_when_the_servers_show_other_gateways_requests() {
+        let f = RendezvousHome {
+            other_share: 0.25,
+            ..RendezvousHome::default()
+        };
+        // Every server runs 4, all of them this gateway's when it scraped: it is alone.
+        let mut c = candidates(&[(0, 4, 0.1); 8]);
+        for x in &mut c {
+            x.metrics.gateway_in_flight = 4;
+        }
+        assert_eq!(home(&f, &c, Some(7)).len(), 8, "alone: every endpoint kept");
+        // A quarter of what the servers run is another gateway's: the home applies.
+        for x in c.iter_mut().take(2) {
+            x.metrics.gateway_in_flight = 0;
+        }
+        assert_eq!(home(&f, &c, Some(7)).len(), DEFAULT_HOME_SIZE);
+        // Nothing reported (an idle or never scraped pool): no sign of others.
+        let idle = candidates(&[(0, 0, 0.0); 8]);
+        assert_eq!(home(&f, &idle, Some(7)).len(), 8);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn when_alone_it_leaves_out_what_the_utilization_detector_would() {
+        let f = RendezvousHome::from_parameters(
+            &serde_json::json!({"otherGatewayShare": 0.25, "whenAlone": {}}),
+            "p",
+        )
+        .unwrap_or_default();
+        // Alone (all of it this gateway's): the server with 5 waiting is left out, as the
+        // default profile's utilization detector does; no home.
+        let mut c = candidates(&[(0, 4, 0.1); 8]);
+        c[3].metrics.waiting = 5;
+        for x in &mut c {
+            x.metrics.gateway_in_flight = x.metrics.running + x.metrics.waiting;
+        }
+        let kept = home(&f, &c, Some(7));
+        assert_eq!(kept.len(), 7);
+        assert!(!kept.contains(&c[3].address));
+        // Without a key, too.
+        assert_eq!(home(&f, &c, None).len(), 7);
+        // With other gateways' requests at the servers, the home (3 within the bound).
+        for x in &mut c {
+            x.metrics.gateway_in_flight = 0;
+        }
+        assert_eq!(home(&f, &c, Some(7)).len(), DEFAULT_HOME_SIZE);
+        let e = RendezvousHome::from_parameters(&serde_json::json!({"whenAlone": {}}), "p")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("p.whenAlone"), "{e}");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn an_endpoint_with_nothing_waiting_stays_home_however_busy() {
+        let f = RendezvousHome {
+            size: 1,
+            ..RendezvousHome::default()
+        };
+        let mut c = candidates(&[(0, 1, 0.1); 8]);
+        let owner = home(&f, &c, Some(7));
+        let i = c.iter().position(|x| x.address == owner[0]).unwrap_or(0);
+        // Runs 8 against a mean of 1.9 (bound 4), but queues nothing: it serves at once.
+        c[i].metrics.running = 8;
+        assert_eq!(home(&f, &c, Some(7)), owner);
+        c[i].metrics.waiting = 1;
+        assert_ne!(home(&f, &c, Some(7)), owner);
     }
 
     #[wasm_bindgen_test(unsupported = test)]
@@ -206,5 +348,10 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("p.loadFactor"), "{e}");
+        let e = RendezvousHome::from_parameters(&serde_json::json!({"otherGatewayShare": 2}), "p")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("p.otherGatewayShare"), "{e}");
     }
 }
