@@ -4,20 +4,30 @@
 //! exactly `k` would do), under `fcfs` and under `priority` (batch at priority 10).
 //!
 //! ```text
-//! cargo run --release -p vllm-sim --example batch_interference [-- SECONDS [LOAD]]
+//! cargo run --release -p vllm-sim --example batch_interference [-- SECONDS [LOAD [PREFILL_US]]]
 //! ```
 //!
+//! LOAD: interactive arrivals ÷ the engine's capacity [0.6]; PREFILL_US: the profile's
+//! prefill cost per uncached token in µs [250, `h100-llama-8b`'s].
+//!
 //! The shapes are `scripts/bench batch`'s: interactive = a 256-token system prompt (one
-//! of 16) + a 64-token question, 32 output tokens, streamed; batch = a distinct
-//! 322-token prompt, 32 output tokens; `h100-llama-8b`, 8 sequences.
+//! of 16) + a 64-token question (one of 16 per group, so mostly prefix-cached), 32 output
+//! tokens; batch = a distinct 322-token prompt (never cached), 32 output tokens;
+//! `h100-llama-8b`, 8 sequences.
 
 use std::collections::HashMap;
 use std::time::Duration;
+use vllm_sim::engine::latency::LatencyProfile;
 use vllm_sim::engine::{Engine, EngineConfig, EngineRequest, EventKind, SchedulingPolicy};
 use vllm_sim::rng::Rng;
 use vllm_sim::tokenizer;
 
 const MAX_NUM_SEQS: usize = 8;
+
+struct Setup {
+    seconds: f64,
+    prefill_per_token: Duration,
+}
 const OUTPUT: u32 = 32;
 
 struct Outcome {
@@ -26,11 +36,13 @@ struct Outcome {
     ttfts: Vec<f64>,
 }
 
-fn interactive_prompt(rng: &mut Rng, n: u64) -> Vec<u32> {
-    let group = rng.below(16);
-    // 4 characters a token: 256 + 64 tokens.
-    let system: String = format!("sys{group:02} ").repeat(256 * 4 / 6 + 1)[..256 * 4].to_string();
-    let question: String = format!("q{n:07} ").repeat(64 * 4 / 9 + 1)[..64 * 4].to_string();
+fn interactive_prompt(rng: &mut Rng) -> Vec<u32> {
+    // One of 16 system prompts, then one of 16 questions of that group (loadgen's
+    // `--groups 16 --prompts-per-group 16`), 4 characters a token: 256 + 64 tokens.
+    let (group, question) = (rng.below(16), rng.below(16));
+    let system = format!("sys{group:02} ").repeat(256 * 4 / 6 + 1)[..256 * 4].to_string();
+    let question =
+        format!("q{group:02}-{question:02} ").repeat(64 * 4 / 7 + 1)[..64 * 4].to_string();
     tokenizer::encode(&(system + &question))
 }
 
@@ -42,9 +54,13 @@ fn batch_prompt(n: u64) -> Vec<u32> {
 }
 
 /// Runs `seconds` of interactive arrivals at `qps` (0: a closed loop of
-/// `MAX_NUM_SEQS` interactive requests, the capacity) with `k` batch requests in flight.
-fn run(policy: SchedulingPolicy, qps: f64, k: usize, seconds: f64, seed: u64) -> Outcome {
+/// `MAX_NUM_SEQS` interactive requests, the capacity; negative: none) with `k` batch
+/// requests in flight.
+fn run(setup: &Setup, policy: SchedulingPolicy, qps: f64, k: usize, seed: u64) -> Outcome {
+    let mut latency = LatencyProfile::h100_llama_8b();
+    latency.prefill_per_token = setup.prefill_per_token;
     let mut engine = Engine::new(EngineConfig {
+        latency,
         max_num_seqs: MAX_NUM_SEQS,
         scheduling_policy: policy,
         seed,
@@ -56,10 +72,10 @@ fn run(policy: SchedulingPolicy, qps: f64, k: usize, seconds: f64, seed: u64) ->
         0
     };
     let mut rng = Rng::new(seed + 1000);
-    let end = Duration::from_secs_f64(seconds);
+    let end = Duration::from_secs_f64(setup.seconds);
     // id → (arrival, interactive)
     let mut live: HashMap<u64, (Duration, bool)> = HashMap::new();
-    let (mut n_inter, mut n_batch) = (0u64, 0u64);
+    let mut n_batch = 0u64;
     let mut out = Outcome {
         interactive_done: 0,
         batch_done: 0,
@@ -67,8 +83,7 @@ fn run(policy: SchedulingPolicy, qps: f64, k: usize, seconds: f64, seed: u64) ->
     };
     let mut submit = |engine: &mut Engine, live: &mut HashMap<_, _>, at, interactive: bool| {
         let request = if interactive {
-            n_inter += 1;
-            EngineRequest::fixed(interactive_prompt(&mut rng, n_inter), OUTPUT)
+            EngineRequest::fixed(interactive_prompt(&mut rng), OUTPUT)
         } else {
             n_batch += 1;
             EngineRequest {
@@ -143,12 +158,18 @@ fn main() {
         .collect();
     let seconds = args.first().copied().unwrap_or(600.0);
     let load = args.get(1).copied().unwrap_or(0.6);
-    let capacity =
-        run(SchedulingPolicy::Fcfs, 0.0, 0, seconds, 1).interactive_done as f64 / seconds;
+    let setup = Setup {
+        seconds,
+        prefill_per_token: Duration::from_secs_f64(args.get(2).copied().unwrap_or(250.0) / 1e6),
+    };
+    let capacity = run(&setup, SchedulingPolicy::Fcfs, 0.0, 0, 1).interactive_done as f64 / seconds;
+    let batch_capacity =
+        run(&setup, SchedulingPolicy::Fcfs, -1.0, MAX_NUM_SEQS, 1).batch_done as f64 / seconds;
     let qps = load * capacity;
     let spare = capacity - qps;
     println!(
-        "capacity {capacity:.2} req/s (8 in flight); interactive {qps:.2} req/s ({:.0} %); spare {spare:.2} req/s; {seconds} s per row\n",
+        "prefill {:?}/token; capacity {capacity:.2} req/s (8 interactive in flight; 8 batch: {batch_capacity:.2}); interactive {qps:.2} req/s ({:.0} %); spare {spare:.2} req/s; {seconds} s per row\n",
+        setup.prefill_per_token,
         load * 100.0
     );
     println!("| policy | batch in flight | TTFT p50 (ms) | TTFT p90 (ms) | p90 rise | batch done/s | of spare |");
@@ -156,7 +177,7 @@ fn main() {
     let mut reference = 0.0;
     for policy in [SchedulingPolicy::Fcfs, SchedulingPolicy::Priority] {
         for k in [0, 1, 2, 3, 4, 6] {
-            let mut o = run(policy, qps, k, seconds, 1);
+            let mut o = run(&setup, policy, qps, k, 1);
             let (p50, p90) = (pct(&mut o.ttfts, 0.5), pct(&mut o.ttfts, 0.9));
             if k == 0 && policy == SchedulingPolicy::Fcfs {
                 reference = p90;
