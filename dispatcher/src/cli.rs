@@ -26,6 +26,10 @@ gateway:
                                the gateway's pool.objectives with a negative priority [batch]
                                (\"\" sends none)
   --fairness-header NAME       header carrying the fairness id [x-gateway-inference-fairness-id]
+  --request-priority N         vLLM's body field `priority` (an integer, lower is served
+                               earlier) on every request whose body has none, for servers
+                               run with --scheduling-policy priority (with the default fcfs
+                               vLLM answers 400 to any priority but 0) [none]
   --request-timeout DUR        per request [10m]
   --max-attempts N             tries of a request that got 503 or no answer [5]
 
@@ -76,6 +80,7 @@ pub struct Config {
     pub gateway: String,
     pub objective: Option<String>,
     pub fairness_header: String,
+    pub request_priority: Option<i64>,
     pub request_timeout: Duration,
     pub max_attempts: u32,
     pub input: Option<PathBuf>,
@@ -130,6 +135,7 @@ impl Config {
             gateway: String::new(),
             objective: Some("batch".into()),
             fairness_header: "x-gateway-inference-fairness-id".into(),
+            request_priority: None,
             request_timeout: Duration::from_secs(600),
             max_attempts: 5,
             input: None,
@@ -189,6 +195,12 @@ impl Config {
                 "--gateway" => c.gateway = value,
                 "--objective" => c.objective = Some(value).filter(|s| !s.is_empty()),
                 "--fairness-header" => c.fairness_header = value,
+                "--request-priority" => {
+                    c.request_priority =
+                        Some(value.parse::<i64>().map_err(|_| {
+                            format!("--request-priority: `{value}` is not an integer")
+                        })?)
+                }
                 "--request-timeout" => c.request_timeout = duration(&value)?,
                 "--max-attempts" => c.max_attempts = num(&value)?.max(1) as u32,
                 "--input" => c.input = Some(value.into()),
@@ -349,6 +361,7 @@ pub async fn run(c: Config) -> Result<Summary, String> {
         objective: c.objective.clone(),
         fairness_header: c.fairness_header.clone(),
         timeout: c.request_timeout,
+        request_priority: c.request_priority,
     });
     let opts = Options {
         workers: c.workers,
@@ -399,6 +412,17 @@ mod tests {
         ))
         .unwrap_err();
         assert!(e.contains("--baseline"), "{e}");
+        let e = Config::parse(&args(
+            "--gateway http://g --input a --output b --gate constant:1 --request-priority high",
+        ))
+        .unwrap_err();
+        assert!(e.contains("--request-priority"), "{e}");
+        let c = Config::parse(&args(
+            "--gateway http://g --input a --output b --gate constant:1 --request-priority -3",
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.request_priority, Some(-3));
     }
 
     #[test]

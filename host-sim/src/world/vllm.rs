@@ -30,6 +30,7 @@ use vllm_sim::api::errors::ApiError;
 use vllm_sim::api::openai::{self, Api, Choice, ChunkWriter, InferenceRequest};
 use vllm_sim::api::sse::{Routed, SseEncoder};
 use vllm_sim::engine::latency::LatencyProfile;
+use vllm_sim::engine::SchedulingPolicy;
 use vllm_sim::engine::{Engine, EngineConfig, EngineRequest, EventKind, KvTransfer, RequestId};
 use vllm_sim::engine::{EngineSnapshot, Usage};
 use vllm_sim::failures::{self, FailureConfig};
@@ -101,6 +102,13 @@ impl VllmConfig {
     /// `--max-waiting-queue-length`: waiting requests beyond which a request gets 429.
     pub fn max_waiting(mut self, n: usize) -> Self {
         self.engine.max_waiting_queue_length = n;
+        self
+    }
+
+    /// `--scheduling-policy`: the waiting order and preemption victim
+    /// (`fcfs`, or `priority` by the body's `priority`, lower first).
+    pub fn scheduling_policy(mut self, policy: SchedulingPolicy) -> Self {
+        self.engine.scheduling_policy = policy;
         self
     }
 
@@ -547,6 +555,7 @@ impl VllmUpstream {
                 ignore_eos: request.ignore_eos,
                 lora: lora.clone(),
                 kv_transfer: request.kv_transfer,
+                priority: request.priority,
             };
             match self.engine.submit(engine_request, at) {
                 Ok(eid) => ids.push(eid),

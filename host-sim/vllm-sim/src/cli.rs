@@ -1,6 +1,7 @@
 //! Command-line flags. `--flag value` and `--flag=value` both work.
 
 use crate::engine::latency::LatencyProfile;
+use crate::engine::SchedulingPolicy;
 use crate::metrics::MetricsStyle;
 use crate::server::{LoraModule, ServerConfig};
 use crate::settings;
@@ -24,6 +25,9 @@ Server:
 Engine:
   --max-num-seqs N                  running batch size [5, as llm-d-inference-sim]
   --max-waiting-queue-length N      waiting requests before 429 [1000]
+  --scheduling-policy fcfs|priority waiting order: arrival, or the body's priority (lower
+                                    first) then arrival; priority also picks the preemption
+                                    victim; fcfs refuses a priority other than 0 [fcfs]
   --max-model-len N                 context window in tokens [4096]
   --max-num-batched-tokens N        token budget per step (chunked prefill) [8192]
   --block-size N                    tokens per KV block [16]
@@ -147,6 +151,11 @@ where
             }
             "max-num-seqs" => config.engine.max_num_seqs = int(&v)?.max(1),
             "max-waiting-queue-length" => config.engine.max_waiting_queue_length = int(&v)?,
+            "scheduling-policy" => {
+                config.engine.scheduling_policy = SchedulingPolicy::parse(&v).ok_or_else(|| {
+                    format!("--scheduling-policy: expected fcfs or priority, got {v:?}")
+                })?
+            }
             "max-model-len" => config.engine.max_model_len = int(&v)?.max(2),
             "max-num-batched-tokens" => config.engine.max_num_batched_tokens = int(&v)?.max(1),
             "block-size" => config.engine.block_size = int(&v)?.max(1),
@@ -283,6 +292,8 @@ mod tests {
             "a=/p/a,b",
             "--tensor-parallel-size",
             "1",
+            "--scheduling-policy",
+            "priority",
         ]);
         assert_eq!(c.port, 0);
         assert_eq!(c.served_model_names, vec!["m1"]);
@@ -295,6 +306,8 @@ mod tests {
         assert_eq!(c.engine.latency.prefill_overhead, Duration::from_millis(30));
         assert_eq!(c.engine.max_num_seqs, 8);
         assert_eq!(c.engine.seed, 42);
+        assert_eq!(c.engine.scheduling_policy, SchedulingPolicy::Priority);
+        assert_eq!(run(&[]).engine.scheduling_policy, SchedulingPolicy::Fcfs);
         assert_eq!(c.data_parallel_size, 2);
         assert!(c.metrics.legacy_names);
         assert_eq!(c.lora_modules.len(), 2);
@@ -321,6 +334,8 @@ mod tests {
         assert!(parse(["--port", "x"]).is_err());
         assert!(parse(["--profile", "b200"]).is_err());
         assert!(parse(["--inter-token-latency", "fast"]).is_err());
+        let err = parse(["--scheduling-policy", "sjf"]).unwrap_err();
+        assert!(err.starts_with("--scheduling-policy:"), "{err}");
         assert!(matches!(parse(["--help"]), Ok(Command::Help)));
     }
 }

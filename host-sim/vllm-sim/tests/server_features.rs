@@ -330,3 +330,62 @@ async fn data_parallel_ranks_are_separate_servers() {
         );
     }
 }
+
+#[tokio::test]
+async fn priority_policy_serves_the_lower_body_priority_first_and_fcfs_refuses_it() {
+    let mut config = zero_config();
+    config.engine.max_num_seqs = 1;
+    config.engine.scheduling_policy = vllm_sim::engine::SchedulingPolicy::Priority;
+    config.engine.latency.inter_token_latency = Duration::from_millis(20);
+    let server = start(config).await;
+    let addr = server.addrs()[0];
+
+    // The only slot is taken; then a batch request (priority 10) and an
+    // interactive one (0) wait, in that order.
+    let mut first = Client::connect(addr).await;
+    let long = json!({"prompt": "occupy", "max_tokens": 20, "ignore_eos": true, "stream": true});
+    let resp = first
+        .send("POST", "/v1/completions", &long.to_string(), &[])
+        .await;
+    assert_eq!(resp.status(), 200);
+    let running = tokio::spawn(read_sse(resp));
+    let mut probe = Client::connect(addr).await;
+    let mut waiting = Vec::new();
+    for (name, priority) in [("batch", 10), ("interactive", 0)] {
+        let mut c = Client::connect(addr).await;
+        waiting.push(tokio::spawn(async move {
+            let body =
+                json!({"prompt": name, "max_tokens": 2, "ignore_eos": true, "priority": priority});
+            let (status, _) = c.post_json("/v1/completions", body).await;
+            (status, Instant::now())
+        }));
+        let want = waiting.len() as f64;
+        for _ in 0..100 {
+            let (_, text, _) = probe.call("GET", "/metrics", "").await;
+            if metric(&text, "vllm:num_requests_waiting{model_name=\"sim-model\"}") == Some(want) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    running.await.unwrap();
+    let interactive = waiting.pop().unwrap().await.unwrap();
+    let batch = waiting.pop().unwrap().await.unwrap();
+    assert_eq!((batch.0, interactive.0), (200, 200));
+    assert!(
+        interactive.1 < batch.1,
+        "the interactive request went first"
+    );
+
+    // The default policy answers a priority with vLLM's 400.
+    let server = start(zero_config()).await;
+    let mut c = Client::connect(server.addrs()[0]).await;
+    let (status, v) = c
+        .post_json("/v1/completions", json!({"prompt": "x", "priority": -1}))
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        v["error"]["message"],
+        "Got priority -1 but Priority scheduling is not enabled."
+    );
+}

@@ -11,7 +11,12 @@ short lead a backlog of batch requests (objective `batch`, priority -10) arrives
   - no gate:   the same file sent straight into the gateway at once (`dispatcher --gate
                local-max-concurrency:N --workers N`, N = the backlog): the gateway's flow
                control parks it (band -10, TTL 600 s) and releases it when the pool is not
-               saturated.
+               saturated;
+  - … + vLLM priority: the same dispatcher and no-gate sides with the servers run as
+               `--scheduling-policy priority` and the dispatcher's `--request-priority 10`
+               (vLLM's body field: lower is served first; interactive requests carry none, 0),
+               so a server's waiting queue puts interactive requests before batch ones
+               (--vllm-priority: off, both (the default) or only).
 
 The filter uses flow control (the `flowControl` gate) with the concurrency detector
 (maxConcurrency = --max-num-seqs per server). Reported: interactive TTFT
@@ -47,6 +52,8 @@ class BatchOptions:
     baselines: tuple = (0.05, 0.25)
     metrics: str = "envoy"  # the dispatcher's source: envoy (Envoy's stats) | servers (the sims' /metrics)
     metrics_interval: str = "250ms"
+    vllm_priority: str = "both"  # off | both | only: sides with the servers' priority scheduling
+    request_priority: int = 10  # the dispatcher's --request-priority on those sides
     calibrate: float = 10
     timeout: float = 120
 
@@ -75,10 +82,13 @@ def batch_file(o, path):
             f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
 
 
-def side(o, procs, kind, qps, rdir, baseline=None):
-    """One side; a dict of what was measured."""
-    tag = f"batch-{kind}" + (f"-{baseline}" if baseline is not None else "")
-    sims = start_sims(procs, o.servers, overload.sim_args(o), f"{tag}-sim")
+def side(o, procs, kind, qps, rdir, baseline=None, priority=False):
+    """One side; a dict of what was measured. `priority`: the servers schedule by the
+    body's priority and the dispatcher sends --request-priority."""
+    tag = f"batch-{kind}" + (f"-{baseline}" if baseline is not None else "") + ("-prio" if priority else "")
+    tag = tag.replace(" ", "-")
+    policy = ["--scheduling-policy", "priority"] if priority else []
+    sims = start_sims(procs, o.servers, overload.sim_args(o) + policy, f"{tag}-sim")
     cfg = os.path.join(rdir, f"{tag}.json")
     with open(cfg, "w") as f:
         json.dump(filter_config(o), f)
@@ -90,7 +100,7 @@ def side(o, procs, kind, qps, rdir, baseline=None):
          "--qps", f"{qps:.3f}", "--duration", f"{o.seconds:g}s", "--timeout", f"{o.timeout:g}s", "--seed", "11",
          "--priorities", "interactive", "--records", rec],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = {"kind": kind, "baseline": baseline, "batch_ok": 0, "batch_429": 0, "drain_s": None, "budget": [], "batch_done_at": []}
+    out = {"kind": kind, "baseline": baseline, "priority": priority, "batch_ok": 0, "batch_429": 0, "drain_s": None, "budget": [], "batch_done_at": []}
     if kind != "none":
         time.sleep(o.lead)
         start = time.monotonic() - t0
@@ -105,6 +115,8 @@ def side(o, procs, kind, qps, rdir, baseline=None):
                     "--workers", str(o.servers * o.max_num_seqs * 2)]
         else:
             gate = ["--gate", f"local-max-concurrency:{o.batch}", "--workers", str(o.batch)]
+        if priority:
+            gate += ["--request-priority", str(o.request_priority)]
         p = procs.start(f"{tag}-dispatcher", [
             DISPATCHER, "--gateway", f"http://{envoy.url}", "--input", inp, "--output", res, *gate,
             "--metrics-interval", o.metrics_interval, "--budget-log", blog, "--progress-every", "10s"])
@@ -168,8 +180,11 @@ def run(o, procs):
     log(f"capacity {cap:.1f} req/s; interactive at {qps:.2f} req/s")
     rdir = os.path.join(procs.workdir, "batch")
     os.makedirs(rdir, exist_ok=True)
-    sides = ([side(o, procs, "none", qps, rdir)] + [side(o, procs, "dispatcher", qps, rdir, b) for b in o.baselines]
-             + [side(o, procs, "no gate", qps, rdir)])
+    variants = {"off": [False], "both": [False, True], "only": [True]}[o.vllm_priority]
+    sides = [side(o, procs, "none", qps, rdir)]
+    for prio in variants:
+        sides += [side(o, procs, "dispatcher", qps, rdir, b, prio) for b in o.baselines]
+        sides += [side(o, procs, "no gate", qps, rdir, None, prio)]
     ref = sides[0]
     rows = []
     for s in sides:
@@ -179,7 +194,8 @@ def run(o, procs):
         irate = completed_rate(s["interactive"], lo, hi)
         spare = cap - irate
         brate = batch_rate(s, lo, hi)
-        name = s["kind"] + (f" B={s['baseline']}" if s["baseline"] is not None else "")
+        name = (s["kind"] + (f" B={s['baseline']}" if s["baseline"] is not None else "")
+                + (" + vLLM priority" if s.get("priority") else ""))
         rows.append([name, f"{lo:.0f}–{hi:.0f}", n, fmt(p50 and p50 / 1000, 3), fmt(p90 and p90 / 1000, 3),
                      fmt(100 * (p90 / r90 - 1), 1) + " %" if (p90 and r90 and s is not ref) else "–",
                      fmt(irate, 1), fmt(brate, 1), fmt(100 * brate / spare, 0) + " %" if s is not ref and spare > 0 else "–",
@@ -192,17 +208,20 @@ def run(o, procs):
             f"same shape after {o.lead:g} s. Envoy 1.40 `--concurrency {o.workers}` with the filter (flow control, "
             f"concurrency detector {o.max_num_seqs}/server; objectives interactive 0, batch -10). Dispatcher: "
             f"saturation gate from {'Envoy' + chr(39) + 's stats' if o.metrics == 'envoy' else 'the servers' + chr(39) + ' /metrics (lag 100ms)'}, max-concurrency {o.max_num_seqs}, metrics interval "
-            f"{o.metrics_interval}, baseline B per row.\n\n")
+            f"{o.metrics_interval}, baseline B per row."
+            + (f" `+ vLLM priority` rows: servers with `--scheduling-policy priority`, dispatcher with "
+               f"`--request-priority {o.request_priority}` (interactive requests carry none: 0, served first)."
+               if o.vllm_priority != "off" else "") + "\n\n")
     body += table(["batch", "window (s)", "interactive n", "TTFT p50 (s)", "TTFT p90 (s)", "p90 rise vs none",
                    "interactive done/s", "batch done/s", "of spare", "batch ok", "429s", "drain (s)"], rows)
-    for s_ in sides[1:-1]:
+    for s_ in [x for x in sides if x["kind"] == "dispatcher"]:
         d = s_["budget"]
         if not d:
             continue
         step = max(1, len(d) // 12)
         brow = [[fmt(b["t_ms"] / 1000, 1), fmt(b["saturation"], 3), b["ready"], b["ceiling_requests"], b["in_flight"],
                  b["answered"], b["status_429"]] for b in d[::step]]
-        body += (f"\n\nDispatcher B={s_['baseline']}: budget over time (every {step}th decision; S is the "
+        body += (f"\n\nDispatcher B={s_['baseline']}{' + vLLM priority' if s_.get('priority') else ''}: budget over time (every {step}th decision; S is the "
                  "filter's saturation as read, ceiling the batch requests allowed in flight):\n\n") + table(
             ["t (s)", "S", "ready", "ceiling", "in flight", "answered", "429s"], brow)
     notes = ["`of spare` = batch completions/s in the window ÷ (capacity − interactive completions/s in the window); "

@@ -95,6 +95,9 @@ def parser():
     p.add_argument("--dispatcher-metrics", default="envoy", choices=["envoy", "servers"],
                    help="the dispatcher's saturation source: Envoy's stats or the servers' /metrics")
     p.add_argument("--lead", type=float, default=5)
+    p.add_argument("--vllm-priority", default="both", choices=["off", "both", "only"],
+                   help="batch: sides whose servers use --scheduling-policy priority and whose dispatcher "
+                        "sends --request-priority 10 (besides the fcfs sides, instead of them, or none)")
     return p
 
 
@@ -155,7 +158,7 @@ def batch_options(a):
         system_prompt_len=given(a.system_prompt_len, 256), question_len=given(a.question_len, 64),
         output_len=given(a.output_len, 32), load=a.load, seconds=given(a.seconds, 90), lead=a.lead,
         batch=a.batch, baselines=tuple(common.split_list(a.baselines, float)), calibrate=a.calibrate,
-        metrics=a.dispatcher_metrics)
+        metrics=a.dispatcher_metrics, vllm_priority=a.vllm_priority)
 
 
 def flow_control_options(a):

@@ -29,6 +29,8 @@ pub struct InferenceRequest {
     pub include_usage: bool,
     pub continuous_usage: bool,
     pub kv_transfer: KvTransfer,
+    /// `priority` (vLLM's extra field; lower is served earlier; default 0).
+    pub priority: i64,
 }
 
 #[derive(Deserialize, Default)]
@@ -55,6 +57,7 @@ struct Common {
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
     kv_transfer_params: Option<KvTransferParams>,
+    priority: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -155,6 +158,7 @@ pub fn parse_with(
         include_usage: stream && options.include_usage.unwrap_or(false),
         continuous_usage: stream && options.continuous_usage_stats.unwrap_or(false),
         kv_transfer,
+        priority: common.priority.unwrap_or(0),
     })
 }
 

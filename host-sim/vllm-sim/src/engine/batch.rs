@@ -4,18 +4,24 @@
 //! 1. running sequences are served first, in admission order: each computes
 //!    its remaining tokens (one for a decoding sequence, a chunk of the prompt
 //!    for a prefilling one) within the step's token budget; a sequence that
-//!    needs a new KV block when none is free preempts the most recently
-//!    admitted sequence (recompute mode: it goes back to the head of the
-//!    waiting queue and later re-prefills prompt + output so far);
-//! 2. then waiting sequences are admitted in FIFO order while the batch has
-//!    room, the budget lasts and their blocks fit (a request whose LoRA cannot
-//!    join the batch is skipped; one whose blocks do not fit blocks the queue);
+//!    needs a new KV block when none is free preempts a victim chosen by the
+//!    scheduling policy ([`super::policy`]: the most recently admitted, or the
+//!    least important) in recompute mode: the victim frees its blocks, goes back
+//!    to the waiting queue and later re-prefills prompt + output so far (a victim
+//!    already scheduled in this step gives its tokens back; when the sequence is
+//!    its own victim the ones after it still run in this step, where vLLM would
+//!    leave them to its next step);
+//! 2. then, unless the step preempted, waiting sequences are admitted in queue
+//!    order (arrival, or priority then arrival) while the batch has room, the
+//!    budget lasts and their blocks fit (a request whose LoRA cannot join the
+//!    batch is skipped; one whose blocks do not fit blocks the queue);
 //! 3. the step's duration follows from its work ([`super::latency`]); every
 //!    sequence whose computed tokens reach its length samples one token at the
 //!    end of the step.
 
 use super::kv_cache::KvCache;
 use super::latency::StepWork;
+use super::policy::{OrderKey, SchedulingPolicy};
 use super::request::{
     EngineRequest, Event, EventKind, FinishReason, Finished, KvTransfer, RequestId, Timings, Usage,
 };
@@ -42,6 +48,8 @@ pub struct Step {
 pub(crate) struct Seq {
     pub(crate) id: RequestId,
     pub(crate) lora: Option<String>,
+    /// The body's `priority` (lower first under `--scheduling-policy priority`).
+    priority: i64,
     hash_seed: u64,
     /// Prompt, then output token ids.
     tokens: Vec<u32>,
@@ -92,6 +100,7 @@ impl Seq {
         Seq {
             id,
             lora: request.lora,
+            priority: request.priority,
             hash_seed,
             tokens: request.prompt,
             prompt_len,
@@ -114,6 +123,11 @@ impl Seq {
             text_rng: Rng::new(text_seed),
             pooling: false,
         }
+    }
+
+    /// Its place under the `priority` policy: smaller goes first.
+    fn order_key(&self) -> OrderKey {
+        (self.priority, self.arrival, self.id)
     }
 
     fn blocks_held(&self) -> usize {
@@ -211,16 +225,27 @@ impl Engine {
                 .saturating_sub(seq.blocks_held());
             let mut scheduled = true;
             while need > 0 && !self.kv.allocate(need) {
-                let last = self.running.len() - 1;
-                self.preempt(last);
+                let victim = self.victim();
+                self.preempt(victim);
                 preempted = true;
-                if last == i {
+                if victim == i {
                     scheduled = false;
                     break;
                 }
+                if victim < i {
+                    // Already served in this step: it gives its tokens back.
+                    i -= 1;
+                    if let Some(k) = plan.iter().position(|&(j, _)| j == victim) {
+                        budget += plan.remove(k).1;
+                    }
+                    for entry in plan.iter_mut().filter(|e| e.0 > victim) {
+                        entry.0 -= 1;
+                    }
+                }
             }
             if !scheduled {
-                break;
+                // It was its own victim and left `running`; the next one is at `i`.
+                continue;
             }
             self.running[i].private += need;
             plan.push((i, n));
@@ -401,7 +426,39 @@ impl Engine {
         }
     }
 
-    /// Moves `running[i]` back to the head of the waiting queue, freeing its blocks.
+    /// Queues a waiting sequence: at the back (`fcfs`), or at its place by
+    /// (priority, arrival) (`priority`).
+    pub(crate) fn wait(&mut self, seq: Seq) {
+        match self.config.scheduling_policy {
+            SchedulingPolicy::Fcfs => self.waiting.push_back(seq),
+            SchedulingPolicy::Priority => self.wait_in_order(seq),
+        }
+    }
+
+    fn wait_in_order(&mut self, seq: Seq) {
+        let key = seq.order_key();
+        let at = self.waiting.partition_point(|s| s.order_key() < key);
+        self.waiting.insert(at, seq);
+    }
+
+    /// The running sequence to preempt when a block is missing: the most recently
+    /// admitted (`fcfs`), or the one with the highest (priority, arrival)
+    /// (`priority`). Only called with a non-empty batch.
+    fn victim(&self) -> usize {
+        let last = self.running.len().saturating_sub(1);
+        match self.config.scheduling_policy {
+            SchedulingPolicy::Fcfs => last,
+            SchedulingPolicy::Priority => self
+                .running
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, s)| s.order_key())
+                .map_or(last, |(i, _)| i),
+        }
+    }
+
+    /// Moves `running[i]` back to the waiting queue (its head under `fcfs`, its
+    /// place by priority under `priority`), freeing its blocks.
     fn preempt(&mut self, i: usize) {
         let mut seq = self.running.remove(i);
         seq.release_blocks(&mut self.kv);
@@ -410,7 +467,10 @@ impl Engine {
         seq.prefill_end = seq.tokens.len();
         seq.hashes = self.kv.block_hashes(seq.hash_seed, &seq.tokens);
         self.metrics.preemptions += 1;
-        self.waiting.push_front(seq);
+        match self.config.scheduling_policy {
+            SchedulingPolicy::Fcfs => self.waiting.push_front(seq),
+            SchedulingPolicy::Priority => self.wait_in_order(seq),
+        }
         self.dirty = true;
     }
 

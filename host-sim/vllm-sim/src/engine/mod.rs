@@ -16,9 +16,11 @@ mod batch;
 pub mod kv_cache;
 pub mod latency;
 pub mod output;
+mod policy;
 mod request;
 
 pub use batch::Step;
+pub use policy::SchedulingPolicy;
 pub use request::{
     EngineRequest, Event, EventKind, FinishReason, Finished, KvTransfer, RequestId, SubmitError,
     Timings, Usage,
@@ -51,6 +53,9 @@ pub struct EngineConfig {
     pub num_gpu_blocks: usize,
     /// Distinct LoRA adapters in one batch (`--max-loras`).
     pub max_loras: usize,
+    /// Order of the waiting queue and choice of preemption victim
+    /// (`--scheduling-policy`, [`SchedulingPolicy`]).
+    pub scheduling_policy: SchedulingPolicy,
     pub latency: LatencyProfile,
     pub seed: u64,
 }
@@ -66,6 +71,7 @@ impl Default for EngineConfig {
             block_size: 16,
             num_gpu_blocks: 4096,
             max_loras: 1,
+            scheduling_policy: SchedulingPolicy::Fcfs,
             latency: LatencyProfile::h100_llama_8b(),
             seed: 0,
         }
@@ -214,6 +220,9 @@ impl Engine {
                 max_tokens: request.max_tokens,
             });
         }
+        if request.priority != 0 && self.config.scheduling_policy == SchedulingPolicy::Fcfs {
+            return Err(SubmitError::PriorityNotEnabled(request.priority));
+        }
         if self.waiting.len() >= self.config.max_waiting_queue_length {
             return Err(SubmitError::QueueFull);
         }
@@ -245,7 +254,7 @@ impl Engine {
         if let Some(m) = seq.max_tokens_param {
             self.metrics.request_params_max_tokens.observe(m as f64);
         }
-        self.waiting.push_back(seq);
+        self.wait(seq);
         self.dirty = true;
         Ok(id)
     }

@@ -32,6 +32,9 @@ pub struct EngineRequest {
     /// LoRA adapter name, if the request targets one.
     pub lora: Option<String>,
     pub kv_transfer: KvTransfer,
+    /// The body's `priority` (lower is served earlier); anything but 0 needs
+    /// [`SchedulingPolicy::Priority`](super::SchedulingPolicy).
+    pub priority: i64,
 }
 
 impl EngineRequest {
@@ -133,6 +136,8 @@ pub enum SubmitError {
     KvCapacity,
     /// The request names a LoRA adapter that is not loaded.
     UnknownLora(String),
+    /// A `priority` other than 0 while the policy is `fcfs`.
+    PriorityNotEnabled(i64),
 }
 
 impl SubmitError {
@@ -141,7 +146,8 @@ impl SubmitError {
             SubmitError::QueueFull => 429,
             SubmitError::EmptyPrompt
             | SubmitError::InvalidMaxTokens(_)
-            | SubmitError::ContextTooLong { .. } => 400,
+            | SubmitError::ContextTooLong { .. }
+            | SubmitError::PriorityNotEnabled(_) => 400,
             SubmitError::KvCapacity => 500,
             SubmitError::UnknownLora(_) => 404,
         }
@@ -179,6 +185,10 @@ impl fmt::Display for SubmitError {
                 f.write_str("the kv cache does not have sufficient capacity to store this request")
             }
             SubmitError::UnknownLora(name) => write!(f, "The model `{name}` does not exist."),
+            SubmitError::PriorityNotEnabled(p) => write!(
+                f,
+                "Got priority {p} but Priority scheduling is not enabled."
+            ),
         }
     }
 }

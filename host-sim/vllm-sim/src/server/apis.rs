@@ -77,6 +77,7 @@ fn generate(
         max_tokens,
         ignore_eos: false,
         kv_transfer: KvTransfer::None,
+        priority: 0,
     };
     submit(rank, prompts, &submission, lora, tx)?;
     rank.wake.notify_one();

@@ -184,6 +184,7 @@ async fn inference(rank: &Arc<Rank>, api: Api, req: Request<Incoming>) -> Result
         max_tokens: request.max_tokens,
         ignore_eos: request.ignore_eos,
         kv_transfer: request.kv_transfer,
+        priority: request.priority,
     };
     let ids = submit(rank, &request.prompts, &submission, lora, tx)?;
     rank.wake.notify_one();
@@ -256,6 +257,7 @@ pub(super) enum Submission {
         max_tokens: Option<i64>,
         ignore_eos: bool,
         kv_transfer: KvTransfer,
+        priority: i64,
     },
     /// Prefills only (the pooling APIs).
     Pool,
@@ -278,6 +280,7 @@ pub(super) fn submit(
                 max_tokens,
                 ignore_eos,
                 kv_transfer,
+                priority,
             } => {
                 let engine_request = EngineRequest {
                     prompt: prompt.clone(),
@@ -285,6 +288,7 @@ pub(super) fn submit(
                     ignore_eos: *ignore_eos,
                     lora: lora.clone(),
                     kv_transfer: *kv_transfer,
+                    priority: *priority,
                 };
                 core.engine.submit(engine_request, now)
             }
