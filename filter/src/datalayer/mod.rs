@@ -112,6 +112,7 @@ pub fn candidates(
         }
         out.push(Candidate {
             address: e.address.clone(),
+            key: crate::endpoint::key(&e.address),
             labels: e.labels.clone(),
             metrics: snap.map(EndpointSnapshot::metrics).unwrap_or_default(),
             ..Candidate::default()
