@@ -172,7 +172,7 @@ fn bench(c: &mut Criterion) {
                         .map(|i| (candidates[i].address.clone(), 100));
                     let counted = pick
                         .clone()
-                        .map(|(ep, t)| inflight::Counted::new(inflight::endpoint_key(ep), t));
+                        .map(|(ep, t)| inflight::Counted::new(inflight::endpoint_key(&ep), t));
                     (counted, pick)
                 })
                 .expect("ledger");

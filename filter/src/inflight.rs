@@ -132,12 +132,13 @@ impl Ledger {
         }
         let rows = usize::try_from(r.u32()?).ok()?;
         // Every row takes at least its header: a corrupt count cannot reserve much.
-        let mut workers = Vec::with_capacity(rows.min(r.0.len() / ROW_BYTES));
+        // One spare place per list: a pick may add its row or its endpoint.
+        let mut workers = Vec::with_capacity(rows.min(r.0.len() / ROW_BYTES) + 1);
         for _ in 0..rows {
             let vm = r.u64()?;
             let seen_ms = r.i64()?;
             let n = usize::try_from(r.u32()?).ok()?;
-            let mut counts = Vec::with_capacity(n.min(r.0.len() / COUNT_BYTES));
+            let mut counts = Vec::with_capacity(n.min(r.0.len() / COUNT_BYTES) + 1);
             for _ in 0..n {
                 counts.push(EndpointCount {
                     endpoint: r.u64()?,
@@ -208,7 +209,8 @@ impl Ledger {
 
     /// Everything in flight per endpoint key, over every live VM.
     pub fn loads(&self) -> hashbrown::HashMap<u64, Load> {
-        let mut out: hashbrown::HashMap<u64, Load> = hashbrown::HashMap::new();
+        let counts = self.workers.iter().map(|w| w.counts.len()).sum();
+        let mut out: hashbrown::HashMap<u64, Load> = hashbrown::HashMap::with_capacity(counts);
         for c in self.workers.iter().flat_map(|w| w.counts.iter()) {
             let e = out.entry(c.endpoint).or_default();
             e.requests += u64::from(c.in_flight);
