@@ -17,14 +17,13 @@
 //! The record is read and written twice per request, so its layout is fixed and flat
 //! ([`Ledger::decode`]): endpoints are named by a 64-bit hash of their address
 //! ([`endpoint_key`], kept with each candidate), every count is a little-endian integer
-//! at a fixed place, and nothing is allocated per endpoint. Only the passive-health list,
-//! empty while every endpoint answers, is kept as protobuf at the end.
+//! at a fixed place, and nothing is allocated per endpoint; so are the passive-health
+//! records, after the rows.
 
 use crate::config::PassiveHealth;
 pub use crate::endpoint::key as endpoint_key;
 use crate::health::{self, EndpointHealth, Outcome};
 use crate::shared_store::{update_record, SharedStore, StoreError};
-use prost::Message;
 
 /// The type name of the reference's in-flight load producer: accepted in
 /// `EndpointPickerConfig`; this ledger is what it produces, always on.
@@ -41,6 +40,9 @@ const FORMAT: u32 = 2;
 const ROW_BYTES: usize = 8 + 8 + 4;
 /// Bytes of one endpoint's counts: key, requests, prefilling, tokens, prefill tokens.
 const COUNT_BYTES: usize = 8 + 4 + 4 + 8 + 8;
+/// Bytes of one passive-health record: key, failures in a row, ejections, ejected until,
+/// last failure.
+const HEALTH_BYTES: usize = 8 + 4 + 4 + 8 + 8;
 
 /// The whole ledger, as stored.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -120,8 +122,9 @@ impl Ledger {
     /// Layout, all little-endian: the format (u32, [`FORMAT`]) and the number of rows
     /// (u32); per row the VM (u64), its last write (i64, ms) and its number of counts
     /// (u32), then per count the endpoint key (u64), requests (u32), prefilling (u32),
-    /// tokens (u64) and prefill tokens (u64); then the passive-health records, each a
-    /// length-delimited protobuf `EndpointHealth`, to the end.
+    /// tokens (u64) and prefill tokens (u64); then the number of passive-health records
+    /// (u32) and per record the endpoint key (u64), failures in a row (u32), ejections
+    /// (u32), ejected until (i64, ms) and the last failure (i64, ms); nothing after.
     pub fn decode(bytes: &[u8]) -> Option<Ledger> {
         if bytes.is_empty() {
             return Some(Ledger::default());
@@ -154,10 +157,19 @@ impl Ledger {
                 counts,
             });
         }
-        let mut rest = r.0;
-        let mut health = Vec::new();
-        while !rest.is_empty() {
-            health.push(EndpointHealth::decode_length_delimited(&mut rest).ok()?);
+        let n = usize::try_from(r.u32()?).ok()?;
+        let mut health = Vec::with_capacity(n.min(r.0.len() / HEALTH_BYTES) + 1);
+        for _ in 0..n {
+            health.push(EndpointHealth {
+                endpoint: r.u64()?,
+                consecutive_failures: r.u32()?,
+                ejections: r.u32()?,
+                ejected_until_ms: r.i64()?,
+                last_failure_ms: r.i64()?,
+            });
+        }
+        if !r.0.is_empty() {
+            return None;
         }
         Some(Ledger { workers, health })
     }
@@ -165,13 +177,11 @@ impl Ledger {
     /// The stored form ([`Ledger::decode`] reads it back).
     pub fn encode(&self) -> Vec<u8> {
         let counts: usize = self.workers.iter().map(|w| w.counts.len()).sum();
-        let health: usize = self
-            .health
-            .iter()
-            .map(|h| h.encoded_len() + prost::length_delimiter_len(h.encoded_len()))
-            .sum();
-        let mut out =
-            Vec::with_capacity(8 + self.workers.len() * ROW_BYTES + counts * COUNT_BYTES + health);
+        let mut out = Vec::with_capacity(
+            12 + self.workers.len() * ROW_BYTES
+                + counts * COUNT_BYTES
+                + self.health.len() * HEALTH_BYTES,
+        );
         let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
         out.extend_from_slice(&FORMAT.to_le_bytes());
         out.extend_from_slice(&len(self.workers.len()));
@@ -187,9 +197,13 @@ impl Ledger {
                 out.extend_from_slice(&c.prefill_tokens.to_le_bytes());
             }
         }
+        out.extend_from_slice(&len(self.health.len()));
         for h in &self.health {
-            // Writing into a Vec cannot fail (it grows).
-            let _ = h.encode_length_delimited(&mut out);
+            out.extend_from_slice(&h.endpoint.to_le_bytes());
+            out.extend_from_slice(&h.consecutive_failures.to_le_bytes());
+            out.extend_from_slice(&h.ejections.to_le_bytes());
+            out.extend_from_slice(&h.ejected_until_ms.to_le_bytes());
+            out.extend_from_slice(&h.last_failure_ms.to_le_bytes());
         }
         out
     }
@@ -420,8 +434,7 @@ pub fn release(
     update(store, |ledger| {
         ledger.add_with_tokens(vm, key, -1, -tokens, now_ms);
         ledger.drop_stale(now_ms);
-        outcome
-            .and_then(|(o, policy)| health::record(&mut ledger.health, endpoint, o, now_ms, policy))
+        outcome.and_then(|(o, policy)| health::record(&mut ledger.health, key, o, now_ms, policy))
     })
 }
 
@@ -444,7 +457,13 @@ pub fn moved(
         ledger.add_with_tokens(vm, from_key, -1, -tokens, now_ms);
         ledger.add_with_tokens(vm, to_key, 1, tokens, now_ms);
         health.and_then(|policy| {
-            health::record(&mut ledger.health, from, Outcome::Failure, now_ms, policy)
+            health::record(
+                &mut ledger.health,
+                from_key,
+                Outcome::Failure,
+                now_ms,
+                policy,
+            )
         })
     })
 }
@@ -683,7 +702,13 @@ mod tests {
         l.add_with_tokens(9, endpoint_key(EPS[1]), 1, 50, 41);
         l.add_prefill(9, endpoint_key(EPS[1]), 1, 20);
         let policy = PassiveHealth::default();
-        health::record(&mut l.health, EPS[2], Outcome::Failure, 42, &policy);
+        health::record(
+            &mut l.health,
+            endpoint_key(EPS[2]),
+            Outcome::Failure,
+            42,
+            &policy,
+        );
         let bytes = l.encode();
         assert_eq!(Ledger::decode(&bytes), Some(l.clone()));
         assert_eq!(Ledger::decode(&[]), Some(Ledger::default()));
