@@ -153,11 +153,11 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 seed += 1;
                 let picked = inflight::acquire_with(&store, 1, 0, |ledger| {
-                    let totals = ledger.totals();
+                    let loads = ledger.loads();
                     for c in candidates.iter_mut() {
-                        let (f, t) = totals.get(c.address.as_str()).copied().unwrap_or_default();
-                        c.in_flight = f;
-                        c.in_flight_tokens = t;
+                        let l = loads.get(&c.key()).copied().unwrap_or_default();
+                        c.in_flight = l.requests;
+                        c.in_flight_tokens = l.tokens;
                     }
                     let d = scheduler.schedule(
                         &request,
@@ -170,7 +170,9 @@ fn bench(c: &mut Criterion) {
                         .ok()
                         .and_then(|d| d.primary())
                         .map(|i| (candidates[i].address.clone(), 100));
-                    let counted = pick.clone().map(|(ep, t)| inflight::Counted::new(ep, t));
+                    let counted = pick
+                        .clone()
+                        .map(|(ep, t)| inflight::Counted::new(inflight::endpoint_key(&ep), t));
                     (counted, pick)
                 })
                 .expect("ledger");

@@ -18,26 +18,20 @@
 //! errors rather than the gateway's 503.
 
 use crate::config::PassiveHealth;
-use crate::endpoint::Candidate;
-use prost::Message;
+use crate::endpoint::{key, Candidate};
 
 /// One endpoint's recent failures and ejections (kept only while they matter).
-#[derive(Clone, PartialEq, Message)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EndpointHealth {
-    /// `ip:port`.
-    #[prost(string, tag = "1")]
-    pub endpoint: String,
+    /// The endpoint's key (`crate::endpoint::key`).
+    pub endpoint: u64,
     /// Failures in a row since the last success or ejection.
-    #[prost(uint32, tag = "2")]
     pub consecutive_failures: u32,
     /// Ejected until this time (ms, host clock); 0 when never ejected.
-    #[prost(int64, tag = "3")]
     pub ejected_until_ms: i64,
     /// Recent ejections (the backoff's exponent), as of the last ejection.
-    #[prost(uint32, tag = "4")]
     pub ejections: u32,
     /// The last failure (ms), to forget a few old failures of an endpoint that left.
-    #[prost(int64, tag = "5")]
     pub last_failure_ms: i64,
 }
 
@@ -66,15 +60,16 @@ impl Outcome {
 
 /// Whether `endpoint` is ejected at `now_ms`.
 pub fn is_ejected(list: &[EndpointHealth], endpoint: &str, now_ms: i64) -> bool {
+    let endpoint = key(endpoint);
     list.iter()
         .any(|h| h.endpoint == endpoint && now_ms < h.ejected_until_ms)
 }
 
-/// Records one outcome on `endpoint`; returns the ejection's length (ms) when this
-/// failure ejects it.
+/// Records one outcome on the endpoint of key `endpoint` (`crate::endpoint::key`);
+/// returns the ejection's length (ms) when this failure ejects it.
 pub fn record(
     list: &mut Vec<EndpointHealth>,
-    endpoint: &str,
+    endpoint: u64,
     outcome: Outcome,
     now_ms: i64,
     policy: &PassiveHealth,
@@ -94,7 +89,7 @@ pub fn record(
                 Some(p) => p,
                 None => {
                     list.push(EndpointHealth {
-                        endpoint: endpoint.to_string(),
+                        endpoint,
                         ..EndpointHealth::default()
                     });
                     list.len() - 1
@@ -152,23 +147,23 @@ fn prune(list: &mut Vec<EndpointHealth>, now_ms: i64, base: i64, policy: &Passiv
 pub fn partition(candidates: &mut [Candidate], list: &[EndpointHealth], now_ms: i64) -> usize {
     // One pass over the list, one lookup per candidate: a pool of hundreds of endpoints
     // with many ejected must not cost candidates × ejections.
-    let ejected: hashbrown::HashSet<&str> = list
+    let ejected: hashbrown::HashSet<u64> = list
         .iter()
         .filter(|h| now_ms < h.ejected_until_ms)
-        .map(|h| h.endpoint.as_str())
+        .map(|h| h.endpoint)
         .collect();
     if ejected.is_empty() {
         return candidates.len();
     }
     let live = candidates
         .iter()
-        .filter(|c| !ejected.contains(c.address.as_str()))
+        .filter(|c| !ejected.contains(&c.key()))
         .count();
     if live == 0 || live == candidates.len() {
         return candidates.len();
     }
     // Stable: each group keeps its order.
-    candidates.sort_by_key(|c| ejected.contains(c.address.as_str()));
+    candidates.sort_by_key(|c| ejected.contains(&c.key()));
     live
 }
 
@@ -190,7 +185,7 @@ mod tests {
     fn fail_n(list: &mut Vec<EndpointHealth>, n: u32, now: i64) -> Option<u64> {
         let mut out = None;
         for _ in 0..n {
-            out = out.or(record(list, EP, Outcome::Failure, now, &policy()));
+            out = out.or(record(list, key(EP), Outcome::Failure, now, &policy()));
         }
         out
     }
@@ -199,7 +194,7 @@ mod tests {
     fn failures_in_a_row_eject_and_a_success_resets_the_count() {
         let mut l = Vec::new();
         assert_eq!(fail_n(&mut l, 2, 0), None);
-        record(&mut l, EP, Outcome::Success, 1, &policy());
+        record(&mut l, key(EP), Outcome::Success, 1, &policy());
         assert_eq!(fail_n(&mut l, 2, 2), None, "the success broke the run");
         assert!(!is_ejected(&l, EP, 2));
         assert_eq!(fail_n(&mut l, 1, 3), Some(1_000));
@@ -233,13 +228,31 @@ mod tests {
         fail_n(&mut l, 3, 0);
         assert_eq!(l.len(), 1);
         // Ejected until 1 000, decayed 1 000 later.
-        record(&mut l, "10.0.0.2:8000", Outcome::Success, 1_999, &policy());
+        record(
+            &mut l,
+            key("10.0.0.2:8000"),
+            Outcome::Success,
+            1_999,
+            &policy(),
+        );
         assert_eq!(l.len(), 1);
-        record(&mut l, "10.0.0.2:8000", Outcome::Success, 2_000, &policy());
+        record(
+            &mut l,
+            key("10.0.0.2:8000"),
+            Outcome::Success,
+            2_000,
+            &policy(),
+        );
         assert!(l.is_empty());
         // A stray failure is forgotten after maxEjectionTime.
         fail_n(&mut l, 1, 10_000);
-        record(&mut l, "10.0.0.2:8000", Outcome::Success, 15_000, &policy());
+        record(
+            &mut l,
+            key("10.0.0.2:8000"),
+            Outcome::Success,
+            15_000,
+            &policy(),
+        );
         assert!(l.is_empty());
         // Off: nothing is recorded.
         let off = PassiveHealth {
@@ -247,7 +260,7 @@ mod tests {
             ..policy()
         };
         for _ in 0..10 {
-            record(&mut l, EP, Outcome::Failure, 0, &off);
+            record(&mut l, key(EP), Outcome::Failure, 0, &off);
         }
         assert!(l.is_empty());
     }
@@ -265,7 +278,7 @@ mod tests {
         assert_eq!(order, ["10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.1:8000"]);
         for ep in ["10.0.0.2:8000", "10.0.0.3:8000"] {
             for _ in 0..3 {
-                record(&mut l, ep, Outcome::Failure, 20, &policy());
+                record(&mut l, key(ep), Outcome::Failure, 20, &policy());
             }
         }
         assert_eq!(partition(&mut cands, &l, 30), 3, "all ejected: panic mode");

@@ -13,66 +13,72 @@
 //! [`WORKER_STALE_MS`] are dropped, so a dead VM's counts do not stick forever. Live
 //! VMs refresh their row from their tick ([`heartbeat`]); rows with nothing in flight
 //! are removed, which keeps the record small.
+//!
+//! The record is read and written twice per request, so its layout is fixed and flat
+//! ([`Ledger::decode`]): endpoints are named by a 64-bit hash of their address
+//! ([`endpoint_key`], kept with each candidate), every count is a little-endian integer
+//! at a fixed place, and nothing is allocated per endpoint; so are the passive-health
+//! records, after the rows.
 
 use crate::config::PassiveHealth;
+pub use crate::endpoint::key as endpoint_key;
 use crate::health::{self, EndpointHealth, Outcome};
-use crate::shared_store::{update, SharedStore, StoreError};
-use prost::Message;
+use crate::shared_store::{update_record, SharedStore, StoreError};
 
 /// The type name of the reference's in-flight load producer: accepted in
 /// `EndpointPickerConfig`; this ledger is what it produces, always on.
 pub const PRODUCER_TYPE: &str = "inflight-load-producer";
 
 /// Shared-data key of the ledger (versioned: a new layout gets a new key).
-pub const LEDGER_KEY: &str = "epp.v1.inflight";
+pub const LEDGER_KEY: &str = "epp.v2.inflight";
 /// A row not refreshed for this long belongs to a dead VM.
 pub const WORKER_STALE_MS: i64 = 5_000;
 
+/// The first 4 bytes of an encoded ledger: its layout's version.
+const FORMAT: u32 = 2;
+/// Bytes of one row's header: VM id, last seen, number of counts.
+const ROW_BYTES: usize = 8 + 8 + 4;
+/// Bytes of one endpoint's counts: key, requests, prefilling, tokens, prefill tokens.
+const COUNT_BYTES: usize = 8 + 4 + 4 + 8 + 8;
+/// Bytes of one passive-health record: key, failures in a row, ejections, ejected until,
+/// last failure.
+const HEALTH_BYTES: usize = 8 + 4 + 4 + 8 + 8;
+
 /// The whole ledger, as stored.
-#[derive(Clone, PartialEq, Message)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
     /// One row per worker VM with requests in flight.
-    #[prost(message, repeated, tag = "1")]
     pub workers: Vec<WorkerRow>,
     /// Passive health: endpoints with recent failures or ejections (`crate::health`),
     /// written with the releases that report them, read by every pick.
-    #[prost(message, repeated, tag = "2")]
     pub health: Vec<EndpointHealth>,
 }
 
 /// One VM's share of the in-flight requests.
-#[derive(Clone, PartialEq, Message)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkerRow {
     /// The VM's process-unique id.
-    #[prost(uint64, tag = "1")]
     pub vm: u64,
     /// When the VM last wrote or refreshed the row (ms, host clock).
-    #[prost(int64, tag = "2")]
     pub seen_ms: i64,
-    /// In-flight count per endpoint address.
-    #[prost(message, repeated, tag = "3")]
+    /// In-flight count per endpoint.
     pub counts: Vec<EndpointCount>,
 }
 
 /// In-flight requests of one VM on one endpoint.
-#[derive(Clone, PartialEq, Message)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EndpointCount {
-    /// `ip:port`.
-    #[prost(string, tag = "1")]
-    pub endpoint: String,
+    /// The endpoint's [`endpoint_key`].
+    pub endpoint: u64,
     /// Requests in flight.
-    #[prost(uint32, tag = "2")]
     pub in_flight: u32,
     /// Estimated tokens of those requests (token-load scorer, affinity TTFT gate).
-    #[prost(uint64, tag = "3")]
     pub tokens: u64,
     /// Of those, requests still in prefill: dispatched, no response chunk yet (kept
     /// only with a latency producer, which reports the first chunks).
-    #[prost(uint32, tag = "4")]
     pub prefilling: u32,
     /// Uncached input tokens of the requests still in prefill: the prefill work queued
     /// at the engine ahead of a new request.
-    #[prost(uint64, tag = "5")]
     pub prefill_tokens: u64,
 }
 
@@ -89,30 +95,138 @@ pub struct Load {
     pub prefill_tokens: u64,
 }
 
+/// Reads little-endian integers off the front of a byte slice.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+    fn i64(&mut self) -> Option<i64> {
+        self.take().map(i64::from_le_bytes)
+    }
+}
+
 impl Ledger {
-    /// Requests in flight on `endpoint`, over every live VM.
+    /// Decodes a stored ledger; empty bytes are the empty ledger (the record as created at
+    /// configure time). `None` when the bytes are not a ledger of this layout.
+    ///
+    /// Layout, all little-endian: the format (u32, [`FORMAT`]) and the number of rows
+    /// (u32); per row the VM (u64), its last write (i64, ms) and its number of counts
+    /// (u32), then per count the endpoint key (u64), requests (u32), prefilling (u32),
+    /// tokens (u64) and prefill tokens (u64); then the number of passive-health records
+    /// (u32) and per record the endpoint key (u64), failures in a row (u32), ejections
+    /// (u32), ejected until (i64, ms) and the last failure (i64, ms); nothing after.
+    pub fn decode(bytes: &[u8]) -> Option<Ledger> {
+        if bytes.is_empty() {
+            return Some(Ledger::default());
+        }
+        let mut r = Reader(bytes);
+        if r.u32()? != FORMAT {
+            return None;
+        }
+        let rows = usize::try_from(r.u32()?).ok()?;
+        // Every row takes at least its header: a corrupt count cannot reserve much.
+        // One spare place per list: a pick may add its row or its endpoint.
+        let mut workers = Vec::with_capacity(rows.min(r.0.len() / ROW_BYTES) + 1);
+        for _ in 0..rows {
+            let vm = r.u64()?;
+            let seen_ms = r.i64()?;
+            let n = usize::try_from(r.u32()?).ok()?;
+            let mut counts = Vec::with_capacity(n.min(r.0.len() / COUNT_BYTES) + 1);
+            for _ in 0..n {
+                counts.push(EndpointCount {
+                    endpoint: r.u64()?,
+                    in_flight: r.u32()?,
+                    prefilling: r.u32()?,
+                    tokens: r.u64()?,
+                    prefill_tokens: r.u64()?,
+                });
+            }
+            workers.push(WorkerRow {
+                vm,
+                seen_ms,
+                counts,
+            });
+        }
+        let n = usize::try_from(r.u32()?).ok()?;
+        let mut health = Vec::with_capacity(n.min(r.0.len() / HEALTH_BYTES) + 1);
+        for _ in 0..n {
+            health.push(EndpointHealth {
+                endpoint: r.u64()?,
+                consecutive_failures: r.u32()?,
+                ejections: r.u32()?,
+                ejected_until_ms: r.i64()?,
+                last_failure_ms: r.i64()?,
+            });
+        }
+        if !r.0.is_empty() {
+            return None;
+        }
+        Some(Ledger { workers, health })
+    }
+
+    /// The stored form ([`Ledger::decode`] reads it back).
+    pub fn encode(&self) -> Vec<u8> {
+        let counts: usize = self.workers.iter().map(|w| w.counts.len()).sum();
+        let mut out = Vec::with_capacity(
+            12 + self.workers.len() * ROW_BYTES
+                + counts * COUNT_BYTES
+                + self.health.len() * HEALTH_BYTES,
+        );
+        let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
+        out.extend_from_slice(&FORMAT.to_le_bytes());
+        out.extend_from_slice(&len(self.workers.len()));
+        for w in &self.workers {
+            out.extend_from_slice(&w.vm.to_le_bytes());
+            out.extend_from_slice(&w.seen_ms.to_le_bytes());
+            out.extend_from_slice(&len(w.counts.len()));
+            for c in &w.counts {
+                out.extend_from_slice(&c.endpoint.to_le_bytes());
+                out.extend_from_slice(&c.in_flight.to_le_bytes());
+                out.extend_from_slice(&c.prefilling.to_le_bytes());
+                out.extend_from_slice(&c.tokens.to_le_bytes());
+                out.extend_from_slice(&c.prefill_tokens.to_le_bytes());
+            }
+        }
+        out.extend_from_slice(&len(self.health.len()));
+        for h in &self.health {
+            out.extend_from_slice(&h.endpoint.to_le_bytes());
+            out.extend_from_slice(&h.consecutive_failures.to_le_bytes());
+            out.extend_from_slice(&h.ejections.to_le_bytes());
+            out.extend_from_slice(&h.ejected_until_ms.to_le_bytes());
+            out.extend_from_slice(&h.last_failure_ms.to_le_bytes());
+        }
+        out
+    }
+
+    /// Requests in flight on `endpoint` (its address), over every live VM.
     pub fn in_flight(&self, endpoint: &str) -> u64 {
-        self.workers
-            .iter()
-            .flat_map(|w| w.counts.iter())
-            .filter(|c| c.endpoint == endpoint)
-            .map(|c| u64::from(c.in_flight))
-            .sum()
+        self.load(endpoint).requests
     }
 
-    /// Requests and tokens in flight per endpoint, over every live VM.
-    pub fn totals(&self) -> hashbrown::HashMap<&str, (u64, u64)> {
+    /// Everything in flight on `endpoint` (its address), over every live VM.
+    pub fn load(&self, endpoint: &str) -> Load {
         self.loads()
-            .into_iter()
-            .map(|(k, l)| (k, (l.requests, l.tokens)))
-            .collect()
+            .get(&endpoint_key(endpoint))
+            .copied()
+            .unwrap_or_default()
     }
 
-    /// Everything in flight per endpoint, over every live VM.
-    pub fn loads(&self) -> hashbrown::HashMap<&str, Load> {
-        let mut out: hashbrown::HashMap<&str, Load> = hashbrown::HashMap::new();
+    /// Everything in flight per endpoint key, over every live VM.
+    pub fn loads(&self) -> hashbrown::HashMap<u64, Load> {
+        let counts = self.workers.iter().map(|w| w.counts.len()).sum();
+        let mut out: hashbrown::HashMap<u64, Load> = hashbrown::HashMap::with_capacity(counts);
         for c in self.workers.iter().flat_map(|w| w.counts.iter()) {
-            let e = out.entry(c.endpoint.as_str()).or_default();
+            let e = out.entry(c.endpoint).or_default();
             e.requests += u64::from(c.in_flight);
             e.tokens += c.tokens;
             e.prefilling += u64::from(c.prefilling.min(c.in_flight));
@@ -121,10 +235,20 @@ impl Ledger {
         out
     }
 
+    /// Requests and tokens in flight over every endpoint and live VM.
+    pub fn total(&self) -> (u64, u64) {
+        self.workers
+            .iter()
+            .flat_map(|w| w.counts.iter())
+            .fold((0, 0), |(r, t), c| {
+                (r + u64::from(c.in_flight), t + c.tokens)
+            })
+    }
+
     /// Adds `delta` requests of `tokens` uncached input tokens to `vm`'s prefill count
-    /// on `endpoint` (never below zero, never above its in-flight count). Nothing when
-    /// the VM has nothing in flight there (the request was already released).
-    pub fn add_prefill(&mut self, vm: u64, endpoint: &str, delta: i64, tokens: i64) {
+    /// on `endpoint` (its key; never below zero, never above its in-flight count). Nothing
+    /// when the VM has nothing in flight there (the request was already released).
+    pub fn add_prefill(&mut self, vm: u64, endpoint: u64, delta: i64, tokens: i64) {
         let Some(c) = self
             .workers
             .iter_mut()
@@ -153,8 +277,9 @@ impl Ledger {
             .retain(|w| now_ms.saturating_sub(w.seen_ms) < WORKER_STALE_MS);
     }
 
-    /// Adds `delta` to `vm`'s count on `endpoint` (never below zero) and refreshes the row.
-    pub fn add(&mut self, vm: u64, endpoint: &str, delta: i64, now_ms: i64) {
+    /// Adds `delta` to `vm`'s count on `endpoint` (its key; never below zero) and
+    /// refreshes the row.
+    pub fn add(&mut self, vm: u64, endpoint: u64, delta: i64, now_ms: i64) {
         self.add_with_tokens(vm, endpoint, delta, 0, now_ms);
     }
 
@@ -162,7 +287,7 @@ impl Ledger {
     pub fn add_with_tokens(
         &mut self,
         vm: u64,
-        endpoint: &str,
+        endpoint: u64,
         delta: i64,
         tokens: i64,
         now_ms: i64,
@@ -186,7 +311,7 @@ impl Ledger {
             Some(i) => i,
             None => {
                 row.counts.push(EndpointCount {
-                    endpoint: endpoint.to_string(),
+                    endpoint,
                     ..EndpointCount::default()
                 });
                 row.counts.len() - 1
@@ -214,13 +339,29 @@ impl Ledger {
     }
 }
 
+/// Reads the ledger; the empty ledger when it was never written.
+pub fn read(store: &impl SharedStore) -> Result<Ledger, StoreError> {
+    match store.get(LEDGER_KEY)? {
+        Some(v) => Ledger::decode(&v.bytes).ok_or(StoreError::Corrupt),
+        None => Ok(Ledger::default()),
+    }
+}
+
+/// One CAS on the ledger ([`update_record`] with its layout).
+fn update<R>(
+    store: &impl SharedStore,
+    change: impl FnMut(&mut Ledger) -> R,
+) -> Result<R, StoreError> {
+    update_record(store, LEDGER_KEY, Ledger::decode, Ledger::encode, change)
+}
+
 /// What a pick counts in flight: the endpoint, the request's estimated tokens and,
 /// when its first response chunk will be reported ([`first_chunk`]), its uncached input
 /// tokens (counted as prefill queued there until then).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Counted {
-    /// `ip:port`.
-    pub endpoint: String,
+    /// The endpoint's [`endpoint_key`].
+    pub endpoint: u64,
     /// Estimated tokens.
     pub tokens: u64,
     /// Uncached input tokens, counted as in prefill.
@@ -228,8 +369,9 @@ pub struct Counted {
 }
 
 impl Counted {
-    /// A request of `tokens` on `endpoint`, not tracked through prefill.
-    pub fn new(endpoint: String, tokens: u64) -> Self {
+    /// A request of `tokens` on the endpoint of key `endpoint`, not tracked through
+    /// prefill.
+    pub fn new(endpoint: u64, tokens: u64) -> Self {
         Self {
             endpoint,
             tokens,
@@ -247,14 +389,14 @@ pub fn acquire_with<R>(
     now_ms: i64,
     mut choose: impl FnMut(&Ledger) -> (Option<Counted>, R),
 ) -> Result<R, StoreError> {
-    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
+    update(store, |ledger| {
         ledger.drop_stale(now_ms);
         let (pick, result) = choose(ledger);
         if let Some(c) = pick {
             let tokens = i64::try_from(c.tokens).unwrap_or(i64::MAX);
-            ledger.add_with_tokens(vm, &c.endpoint, 1, tokens, now_ms);
+            ledger.add_with_tokens(vm, c.endpoint, 1, tokens, now_ms);
             if let Some(p) = c.prefill {
-                ledger.add_prefill(vm, &c.endpoint, 1, i64::try_from(p).unwrap_or(i64::MAX));
+                ledger.add_prefill(vm, c.endpoint, 1, i64::try_from(p).unwrap_or(i64::MAX));
             }
         }
         result
@@ -270,8 +412,9 @@ pub fn first_chunk(
     prefill: u64,
 ) -> Result<(), StoreError> {
     let tokens = i64::try_from(prefill).unwrap_or(i64::MAX);
-    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
-        ledger.add_prefill(vm, endpoint, -1, -tokens);
+    let key = endpoint_key(endpoint);
+    update(store, |ledger| {
+        ledger.add_prefill(vm, key, -1, -tokens);
     })
 }
 
@@ -287,11 +430,11 @@ pub fn release(
     outcome: Option<(Outcome, &PassiveHealth)>,
 ) -> Result<Option<u64>, StoreError> {
     let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
-    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
-        ledger.add_with_tokens(vm, endpoint, -1, -tokens, now_ms);
+    let key = endpoint_key(endpoint);
+    update(store, |ledger| {
+        ledger.add_with_tokens(vm, key, -1, -tokens, now_ms);
         ledger.drop_stale(now_ms);
-        outcome
-            .and_then(|(o, policy)| health::record(&mut ledger.health, endpoint, o, now_ms, policy))
+        outcome.and_then(|(o, policy)| health::record(&mut ledger.health, key, o, now_ms, policy))
     })
 }
 
@@ -309,11 +452,18 @@ pub fn moved(
     health: Option<&PassiveHealth>,
 ) -> Result<Option<u64>, StoreError> {
     let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
-    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
-        ledger.add_with_tokens(vm, from, -1, -tokens, now_ms);
-        ledger.add_with_tokens(vm, to, 1, tokens, now_ms);
+    let (from_key, to_key) = (endpoint_key(from), endpoint_key(to));
+    update(store, |ledger| {
+        ledger.add_with_tokens(vm, from_key, -1, -tokens, now_ms);
+        ledger.add_with_tokens(vm, to_key, 1, tokens, now_ms);
         health.and_then(|policy| {
-            health::record(&mut ledger.health, from, Outcome::Failure, now_ms, policy)
+            health::record(
+                &mut ledger.health,
+                from_key,
+                Outcome::Failure,
+                now_ms,
+                policy,
+            )
         })
     })
 }
@@ -321,9 +471,7 @@ pub fn moved(
 /// Marks `vm` as alive (call it from the VM's tick), so its row is not taken for a dead
 /// VM's, and drops the rows of dead VMs so their counts stop skewing picks.
 pub fn heartbeat(store: &impl SharedStore, vm: u64, now_ms: i64) -> Result<(), StoreError> {
-    let Some(ledger) = crate::shared_store::read::<Ledger>(store, LEDGER_KEY)? else {
-        return Ok(());
-    };
+    let ledger = read(store)?;
     let mine = ledger.workers.iter().any(|w| w.vm == vm);
     let dead = ledger
         .workers
@@ -332,7 +480,7 @@ pub fn heartbeat(store: &impl SharedStore, vm: u64, now_ms: i64) -> Result<(), S
     if !mine && !dead {
         return Ok(());
     }
-    update(store, LEDGER_KEY, |ledger: &mut Ledger| {
+    update(store, |ledger| {
         if let Some(row) = ledger.workers.iter_mut().find(|w| w.vm == vm) {
             row.seen_ms = now_ms;
         }
@@ -343,7 +491,7 @@ pub fn heartbeat(store: &impl SharedStore, vm: u64, now_ms: i64) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared_store::{read, MemoryStore};
+    use crate::shared_store::MemoryStore;
     use wasm_bindgen_test::wasm_bindgen_test;
 
     /// The least-loaded endpoint (ties by seed), counted in one CAS: what a picking
@@ -363,14 +511,22 @@ mod tests {
                 .collect();
             let pick =
                 (!tied.is_empty()).then(|| tied[(seed % tied.len() as u64) as usize].to_string());
-            (pick.clone().map(|p| Counted::new(p, 0)), pick)
+            (
+                pick.as_deref().map(|p| Counted::new(endpoint_key(p), 0)),
+                pick,
+            )
         })
+    }
+
+    fn totals(l: &Ledger, endpoint: &str) -> (u64, u64) {
+        let l = l.load(endpoint);
+        (l.requests, l.tokens)
     }
 
     const EPS: [&str; 3] = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"];
 
     fn ledger(s: &MemoryStore) -> Ledger {
-        read(s, LEDGER_KEY).unwrap().unwrap_or_default()
+        read(s).unwrap()
     }
 
     #[wasm_bindgen_test(unsupported = test)]
@@ -446,15 +602,16 @@ mod tests {
         let s = MemoryStore::default();
         for vm in [1, 2] {
             let got = acquire_with(&s, vm, 0, |l| {
-                let t = l.totals().get(EPS[0]).copied().unwrap_or_default();
-                (Some(Counted::new(EPS[0].to_string(), 100)), t)
+                let l = l.load(EPS[0]);
+                let t = (l.requests, l.tokens);
+                (Some(Counted::new(endpoint_key(EPS[0]), 100)), t)
             })
             .unwrap();
             assert_eq!(got, if vm == 1 { (0, 0) } else { (1, 100) });
         }
-        assert_eq!(ledger(&s).totals()[EPS[0]], (2, 200));
+        assert_eq!(totals(&ledger(&s), EPS[0]), (2, 200));
         release(&s, 1, EPS[0], 100, 1, None).unwrap();
-        assert_eq!(ledger(&s).totals()[EPS[0]], (1, 100));
+        assert_eq!(totals(&ledger(&s), EPS[0]), (1, 100));
         release(&s, 2, EPS[0], 100, 1, None).unwrap();
         assert!(ledger(&s).workers.is_empty());
     }
@@ -474,7 +631,7 @@ mod tests {
         let mut ejected = None;
         for i in 0..policy.consecutive_failures {
             let got = acquire_with(&s, 1, i64::from(i), |_| {
-                (Some(Counted::new(EPS[0].to_string(), 10)), ())
+                (Some(Counted::new(endpoint_key(EPS[0]), 10)), ())
             });
             assert!(got.is_ok());
             // Envoy could not connect to the pick and retried on the next endpoint.
@@ -490,11 +647,11 @@ mod tests {
         // Without passive health the load still moves, and nothing is ejected.
         let s = MemoryStore::default();
         acquire_with(&s, 1, 0, |_| {
-            (Some(Counted::new(EPS[0].to_string(), 10)), ())
+            (Some(Counted::new(endpoint_key(EPS[0]), 10)), ())
         })
         .unwrap();
         assert_eq!(moved(&s, 1, (EPS[0], EPS[2]), 10, 0, None).unwrap(), None);
-        assert_eq!(ledger(&s).totals()[EPS[2]], (1, 10));
+        assert_eq!(totals(&ledger(&s), EPS[2]), (1, 10));
     }
 
     #[wasm_bindgen_test(unsupported = test)]
@@ -504,7 +661,7 @@ mod tests {
             acquire_with(&s, vm, 0, |_| {
                 let c = Counted {
                     prefill: Some(prefill),
-                    ..Counted::new(EPS[0].to_string(), prefill + 50)
+                    ..Counted::new(endpoint_key(EPS[0]), prefill + 50)
                 };
                 (Some(c), ())
             })
@@ -512,7 +669,7 @@ mod tests {
         };
         take(1, 300);
         take(2, 500);
-        let load = |s: &MemoryStore| ledger(s).loads().get(EPS[0]).copied().unwrap_or_default();
+        let load = |s: &MemoryStore| ledger(s).load(EPS[0]);
         assert_eq!(
             load(&s),
             Load {
@@ -536,5 +693,40 @@ mod tests {
         assert_eq!(load(&s).prefilling, 0);
         release(&s, 2, EPS[0], 550, 2, None).unwrap();
         assert!(ledger(&s).workers.is_empty());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_stored_ledger_reads_back_as_written_and_garbage_is_refused() {
+        let mut l = Ledger::default();
+        l.add_with_tokens(7, endpoint_key(EPS[0]), 2, 300, 40);
+        l.add_with_tokens(9, endpoint_key(EPS[1]), 1, 50, 41);
+        l.add_prefill(9, endpoint_key(EPS[1]), 1, 20);
+        let policy = PassiveHealth::default();
+        health::record(
+            &mut l.health,
+            endpoint_key(EPS[2]),
+            Outcome::Failure,
+            42,
+            &policy,
+        );
+        let bytes = l.encode();
+        assert_eq!(Ledger::decode(&bytes), Some(l.clone()));
+        assert_eq!(Ledger::decode(&[]), Some(Ledger::default()));
+        // Truncated anywhere, or of another layout: not misread.
+        for cut in 1..bytes.len() - 1 {
+            assert_ne!(
+                Ledger::decode(&bytes[..cut]),
+                Some(l.clone()),
+                "cut at {cut}"
+            );
+        }
+        assert_eq!(Ledger::decode(&[1, 0, 0, 0, 0, 0, 0, 0]), None);
+        // A corrupt record is started afresh by the next write, not failed on forever.
+        let s = MemoryStore::default();
+        s.set(LEDGER_KEY, &bytes[..bytes.len() / 2], 0).unwrap();
+        assert_eq!(read(&s), Err(StoreError::Corrupt));
+        acquire(&s, 1, &EPS[..1], 0, 0).unwrap();
+        assert_eq!(ledger(&s).in_flight(EPS[0]), 1);
+        assert_eq!(ledger(&s).in_flight(EPS[1]), 0);
     }
 }

@@ -120,7 +120,7 @@ pub fn route(
         inflight::acquire_with(store, pick.vm, pick.request.now_ms, |ledger| {
             let loads = ledger.loads();
             for c in candidates.iter_mut() {
-                let l = loads.get(c.address.as_str()).copied().unwrap_or_default();
+                let l = loads.get(&c.key()).copied().unwrap_or_default();
                 c.in_flight = l.requests;
                 c.in_flight_tokens = l.tokens;
                 c.prefilling = l.prefilling;
@@ -145,7 +145,7 @@ pub fn route(
                 });
                 Some(inflight::Counted {
                     prefill,
-                    ..inflight::Counted::new(c.address.clone(), pick.tokens)
+                    ..inflight::Counted::new(c.key(), pick.tokens)
                 })
             });
             (counted, (decision, probe.samples))
@@ -254,8 +254,9 @@ pub fn fail_open(
 ) -> Option<String> {
     let mut rng = Rng::new(seed);
     let pick = pool.get(rng.below(pool.len()))?.clone();
+    let key = inflight::endpoint_key(&pick);
     inflight::acquire_with(store, vm, now_ms, |_| {
-        (Some(inflight::Counted::new(pick.clone(), tokens)), ())
+        (Some(inflight::Counted::new(key, tokens)), ())
     })
     .ok()?;
     Some(pick)
@@ -264,8 +265,7 @@ pub fn fail_open(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inflight::{Ledger, LEDGER_KEY};
-    use crate::shared_store::{read, MemoryStore};
+    use crate::shared_store::MemoryStore;
     use wasm_bindgen_test::wasm_bindgen_test;
 
     fn candidates(n: usize) -> Vec<Candidate> {
@@ -274,15 +274,16 @@ mod tests {
             .collect()
     }
 
+    /// Requests in flight per endpoint of `10.0.0.1:8000` .. `10.0.0.9:8000` (where
+    /// any).
     fn in_flight(store: &MemoryStore) -> Vec<(String, u64)> {
-        let ledger: Ledger = read(store, LEDGER_KEY).unwrap().unwrap_or_default();
-        let mut v: Vec<(String, u64)> = ledger
-            .totals()
-            .into_iter()
-            .map(|(a, (n, _))| (a.to_string(), n))
-            .collect();
-        v.sort();
-        v
+        let ledger = crate::inflight::read(store).unwrap();
+        (1..=9)
+            .map(|i| format!("10.0.0.{i}:8000"))
+            .map(|a| (ledger.in_flight(&a), a))
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, a)| (a, n))
+            .collect()
     }
 
     fn request(prompt: &str) -> Request<'_> {
@@ -349,7 +350,13 @@ mod tests {
         let mut ejections = Vec::new();
         for _ in 0..policy.consecutive_failures {
             crate::inflight::acquire_with(&store, 1, 900, |_| {
-                (Some(crate::inflight::Counted::new(bad.to_string(), 0)), ())
+                (
+                    Some(crate::inflight::Counted::new(
+                        crate::inflight::endpoint_key(bad),
+                        0,
+                    )),
+                    (),
+                )
             })
             .unwrap();
             let failed = Some((crate::health::Outcome::Failure, policy));

@@ -52,16 +52,28 @@ pub const MAX_CAS_ATTEMPTS: usize = 64;
 pub fn update<M, R>(
     store: &impl SharedStore,
     key: &str,
-    mut change: impl FnMut(&mut M) -> R,
+    change: impl FnMut(&mut M) -> R,
 ) -> Result<R, StoreError>
 where
     M: Message + Default,
 {
+    update_record(store, key, |b| M::decode(b).ok(), M::encode_to_vec, change)
+}
+
+/// [`update`] for a record with its own byte layout: `decode` (`None`: corrupt, started
+/// afresh) and `encode`.
+pub fn update_record<M: Default, R>(
+    store: &impl SharedStore,
+    key: &str,
+    decode: impl Fn(&[u8]) -> Option<M>,
+    encode: impl Fn(&M) -> Vec<u8>,
+    mut change: impl FnMut(&mut M) -> R,
+) -> Result<R, StoreError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (mut record, cas) = match store.get(key)? {
-            Some(v) => match M::decode(v.bytes.as_slice()) {
-                Ok(m) => (m, v.cas),
-                Err(_) => {
+            Some(v) => match decode(v.bytes.as_slice()) {
+                Some(m) => (m, v.cas),
+                None => {
                     // A corrupt or truncated record would fail every update forever:
                     // start it afresh (the write replaces it with its CAS token).
                     log::warn!("shared record {key} is corrupt; starting it afresh");
@@ -71,7 +83,7 @@ where
             None => (M::default(), 0),
         };
         let result = change(&mut record);
-        match store.set(key, &record.encode_to_vec(), cas) {
+        match store.set(key, &encode(&record), cas) {
             Ok(()) => return Ok(result),
             Err(StoreError::CasMismatch) => continue,
             Err(e) => return Err(e),

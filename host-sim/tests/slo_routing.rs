@@ -195,7 +195,7 @@ fn the_predictor_learns_a_mixed_pool_from_the_streams_it_sees() {
     );
     let ledger: epp_filter::inflight::Ledger = sim
         .shared_data(epp_filter::inflight::LEDGER_KEY)
-        .map(|b| prost::Message::decode(b.as_slice()).expect("ledger decodes"))
+        .map(|b| epp_filter::inflight::Ledger::decode(&b).expect("ledger decodes"))
         .unwrap_or_default();
     assert!(
         ledger.loads().values().all(|l| *l == Default::default()),

@@ -21,6 +21,16 @@ use crate::flow_control::saturation::EndpointLoad;
 use hashbrown::HashMap;
 use snapshot::EndpointSnapshot;
 
+/// The latest snapshot of each endpoint, by its key (`crate::endpoint::key`).
+pub type Snapshots = HashMap<u64, EndpointSnapshot>;
+
+/// [`Snapshots`] of a published list.
+pub fn by_key(list: Vec<EndpointSnapshot>) -> Snapshots {
+    list.into_iter()
+        .map(|s| (crate::endpoint::key(&s.address), s))
+        .collect()
+}
+
 /// Default scrape period (the reference's `--refresh-metrics-interval`).
 pub const DEFAULT_INTERVAL_MS: u64 = 50;
 /// Default per-scrape timeout (the reference's `defaultCollectionTimeout`).
@@ -97,21 +107,23 @@ pub fn parse_subset(value: &str) -> Vec<String> {
 pub fn candidates(
     static_endpoints: &[Endpoint],
     discovered: &[Endpoint],
-    snapshots: &HashMap<String, EndpointSnapshot>,
+    snapshots: &Snapshots,
     subset: Option<&[String]>,
 ) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::with_capacity(static_endpoints.len() + discovered.len());
-    let mut seen: hashbrown::HashSet<&str> = hashbrown::HashSet::with_capacity(out.capacity());
+    let mut seen: hashbrown::HashSet<u64> = hashbrown::HashSet::with_capacity(out.capacity());
     for e in static_endpoints.iter().chain(discovered) {
-        if !subset_allows(subset, &e.address) || !seen.insert(e.address.as_str()) {
+        let key = crate::endpoint::key(&e.address);
+        if !subset_allows(subset, &e.address) || !seen.insert(key) {
             continue;
         }
-        let snap = snapshots.get(&e.address);
+        let snap = snapshots.get(&key);
         if snap.is_some_and(|s| s.failing) {
             continue;
         }
         out.push(Candidate {
             address: e.address.clone(),
+            key,
             labels: e.labels.clone(),
             metrics: snap.map(EndpointSnapshot::metrics).unwrap_or_default(),
             ..Candidate::default()
@@ -126,15 +138,16 @@ pub fn candidates(
 pub fn endpoint_loads(
     static_endpoints: &[Endpoint],
     discovered: &[Endpoint],
-    snapshots: &HashMap<String, EndpointSnapshot>,
+    snapshots: &Snapshots,
     subset: Option<&[String]>,
 ) -> Vec<EndpointLoad> {
-    let mut seen: hashbrown::HashSet<&str> = hashbrown::HashSet::new();
+    let mut seen: hashbrown::HashSet<u64> = hashbrown::HashSet::new();
     static_endpoints
         .iter()
         .chain(discovered)
-        .filter(|e| subset_allows(subset, &e.address) && seen.insert(e.address.as_str()))
-        .map(|e| match snapshots.get(&e.address) {
+        .map(|e| (e, crate::endpoint::key(&e.address)))
+        .filter(|(e, key)| subset_allows(subset, &e.address) && seen.insert(*key))
+        .map(|(_, key)| match snapshots.get(&key) {
             Some(s) if !s.failing && s.updated_ms != 0 => {
                 EndpointLoad::scraped(s.waiting, s.kv_usage, Some(s.updated_ms))
                     .with_other_requests(other_requests(s.running, s.waiting, s.gateway_in_flight))
@@ -163,7 +176,7 @@ mod tests {
         let eps = [ep("10.0.0.1:8000"), ep("10.0.0.2:8000")];
         let mut snaps = HashMap::new();
         snaps.insert(
-            "10.0.0.2:8000".to_string(),
+            crate::endpoint::key("10.0.0.2:8000"),
             EndpointSnapshot {
                 address: "10.0.0.2:8000".into(),
                 failing: true,
@@ -171,7 +184,7 @@ mod tests {
             },
         );
         snaps.insert(
-            "10.0.0.1:8000".to_string(),
+            crate::endpoint::key("10.0.0.1:8000"),
             EndpointSnapshot {
                 address: "10.0.0.1:8000".into(),
                 waiting: 3,
@@ -183,7 +196,10 @@ mod tests {
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].metrics.waiting, 3);
         // It answers again.
-        snaps.get_mut("10.0.0.2:8000").unwrap().failing = false;
+        snaps
+            .get_mut(&crate::endpoint::key("10.0.0.2:8000"))
+            .unwrap()
+            .failing = false;
         assert_eq!(candidates(&eps, &[], &snaps, None).len(), 2);
     }
 
@@ -194,7 +210,7 @@ mod tests {
         let discovered = [ep("10.0.0.2:8000"), ep("10.0.0.3:8000")];
         let mut snaps = HashMap::new();
         snaps.insert(
-            "10.0.0.2:8000".to_string(),
+            crate::endpoint::key("10.0.0.2:8000"),
             EndpointSnapshot {
                 address: "10.0.0.2:8000".into(),
                 waiting: 9,

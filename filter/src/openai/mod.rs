@@ -55,6 +55,12 @@ impl Api {
             .split_once('?')
             .map_or(path, |(p, _)| p)
             .trim_end_matches('/');
+        // The two paths nearly every request takes, at once.
+        match path {
+            "/v1/completions" => return Api::Completions,
+            "/v1/chat/completions" => return Api::ChatCompletions,
+            _ => {}
+        }
         let last = path.rsplit_once('/').map_or(path, |(_, l)| l);
         let segments = || path.as_bytes().split(|b| *b == b'/');
         let prefixed = |name: &str| segments().any(|s| s.starts_with(name.as_bytes()));

@@ -70,7 +70,7 @@ impl PrefixIndex {
     }
 
     fn lru_of(&self, endpoint: &str) -> Option<u32> {
-        self.ids.get(endpoint).copied()
+        self.ids.get(&crate::endpoint::key(endpoint)).copied()
     }
 
     /// The stamp at the front of the order queue (possibly a stale duplicate).

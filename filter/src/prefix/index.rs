@@ -47,7 +47,8 @@ pub(super) struct Lru {
 /// The per-VM prefix index.
 #[derive(Debug, Default)]
 pub struct PrefixIndex {
-    pub(super) ids: HashMap<String, u32>,
+    /// Each endpoint's LRU (its position in `lrus`), by its key (`crate::endpoint::key`).
+    pub(super) ids: HashMap<u64, u32>,
     pub(super) lrus: Vec<Lru>,
     /// Every block held anywhere: its holders and its stamp in each one's LRU.
     pub(super) blocks: HashMap<u64, Holders>,
@@ -74,11 +75,12 @@ impl PrefixIndex {
     }
 
     fn id(&mut self, endpoint: &str, capacity: usize) -> u32 {
-        if let Some(id) = self.ids.get(endpoint) {
+        let key = crate::endpoint::key(endpoint);
+        if let Some(id) = self.ids.get(&key) {
             return *id;
         }
         let id = u32::try_from(self.lrus.len()).unwrap_or(u32::MAX);
-        self.ids.insert(endpoint.to_string(), id);
+        self.ids.insert(key, id);
         self.lrus.push(Lru {
             capacity: capacity.max(1),
             ..Lru::default()
@@ -160,11 +162,28 @@ impl PrefixIndex {
         candidates: impl Iterator<Item = &'a str>,
         block_size_tokens: u32,
     ) -> Vec<PrefixMatch> {
+        self.matches_by_key(
+            hashes,
+            candidates.map(crate::endpoint::key),
+            block_size_tokens,
+        )
+    }
+
+    /// [`PrefixIndex::matches`] for candidates given by their keys (`crate::endpoint::key`).
+    pub fn matches_by_key(
+        &self,
+        hashes: &[u64],
+        candidates: impl Iterator<Item = u64>,
+        block_size_tokens: u32,
+    ) -> Vec<PrefixMatch> {
         let total = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
-        let mut counts: Vec<u32> = vec![0; self.lrus.len()];
+        let mut counts: Vec<u32> = Vec::new();
         for h in hashes {
             match self.blocks.get(h) {
                 Some(holders) if !holders.is_empty() => {
+                    if counts.is_empty() {
+                        counts = vec![0; self.lrus.len()];
+                    }
                     for id in holders.ids() {
                         if let Some(c) = counts.get_mut(id as usize) {
                             *c += 1;
@@ -174,16 +193,24 @@ impl PrefixIndex {
                 _ => break,
             }
         }
+        let unmatched = PrefixMatch {
+            matched: 0,
+            total,
+            block_size_tokens,
+        };
+        if counts.is_empty() {
+            // Not even the first block is held anywhere: no endpoint to look up.
+            return candidates.map(|_| unmatched).collect();
+        }
         candidates
-            .map(|address| PrefixMatch {
+            .map(|key| PrefixMatch {
                 matched: self
                     .ids
-                    .get(address)
+                    .get(&key)
                     .and_then(|id| counts.get(*id as usize))
                     .copied()
                     .unwrap_or(0),
-                total,
-                block_size_tokens,
+                ..unmatched
             })
             .collect()
     }
@@ -196,7 +223,7 @@ impl PrefixIndex {
     /// Whether `endpoint` holds block `hash`.
     pub fn holds(&self, endpoint: &str, hash: u64) -> bool {
         self.ids
-            .get(endpoint)
+            .get(&crate::endpoint::key(endpoint))
             .is_some_and(|id| self.stamp(*id, hash).is_some())
     }
 }

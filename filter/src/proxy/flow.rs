@@ -11,6 +11,7 @@ use super::route::RouteInput;
 use super::vm::{self, Running, Waiting};
 use super::{host, route, stats, store::HostStore};
 use crate::datalayer::subset_allows;
+use crate::endpoint::Endpoint;
 use crate::errors::ApiError;
 use crate::flow_control::legacy;
 use crate::flow_control::ordering::OrderInputs;
@@ -21,10 +22,10 @@ use crate::flow_control::state::{
     Admission, Cancelled, FlowRef, FlowState, Grant, Head, HEADS_PER_QUEUE, STATE_KEY,
 };
 use crate::flow_control::ttl;
-use crate::inflight::{Ledger, LEDGER_KEY};
+use crate::inflight::{self, endpoint_key};
 use crate::metrics;
 use crate::runtime::Runtime;
-use crate::shared_store::{ensure, read, update};
+use crate::shared_store::{ensure, update};
 
 /// Most streams woken or answered in one callback.
 pub const MAX_WAKES_PER_CALLBACK: usize = 64;
@@ -133,7 +134,7 @@ fn pool_saturation(
 pub fn pool_gauges(rt: &Runtime, now_ms: i64) {
     let now = u64::try_from(now_ms).unwrap_or(0);
     let view = endpoint_loads(rt);
-    let in_flight = ledger_in_flight(now, None);
+    let in_flight = ledger_in_flight(rt, now, None);
     let pool = PoolLoad {
         endpoints: &view.loads,
         endpoint_count: view.loads.len(),
@@ -154,19 +155,29 @@ pub fn pool_gauges(rt: &Runtime, now_ms: i64) {
 }
 
 /// Requests and tokens in flight pool-wide from the per-endpoint ledger, which counts every
-/// routed request, with or without flow control.
-fn ledger_in_flight(now_ms: u64, subset: Option<&[String]>) -> (u64, u64) {
-    let mut ledger: Ledger = read(&HostStore, LEDGER_KEY)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+/// routed request, with or without flow control; with a subset hint, on the pool's
+/// endpoints within it.
+fn ledger_in_flight(rt: &Runtime, now_ms: u64, subset: Option<&[String]>) -> (u64, u64) {
+    let mut ledger = inflight::read(&HostStore).unwrap_or_default();
     ledger.drop_stale(i64::try_from(now_ms).unwrap_or(i64::MAX));
-    let total = ledger
-        .totals()
+    if subset.is_none() {
+        return ledger.total();
+    }
+    let loads = ledger.loads();
+    let mut within: hashbrown::HashSet<u64> = hashbrown::HashSet::new();
+    let mut add = |endpoints: &[Endpoint]| {
+        for e in endpoints {
+            if subset_allows(subset, &e.address) {
+                within.insert(endpoint_key(&e.address));
+            }
+        }
+    };
+    add(&rt.pool.endpoints);
+    vm::with(|vm| add(&vm.view.discovered));
+    within
         .iter()
-        .filter(|(endpoint, _)| subset_allows(subset, endpoint))
-        .fold((0, 0), |(r, t), (_, (dr, dt))| (r + dr, t + dt));
-    total
+        .filter_map(|k| loads.get(k))
+        .fold((0, 0), |(r, t), l| (r + l.requests, t + l.tokens))
 }
 
 fn queue_labels<'a>(
@@ -236,7 +247,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
                 &rt,
                 &view.loads,
                 view.available,
-                ledger_in_flight(now_ms, subset),
+                ledger_in_flight(&rt, now_ms, subset),
                 now_ms,
             )
         };

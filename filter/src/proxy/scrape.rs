@@ -15,7 +15,7 @@ use crate::datalayer::snapshot::{
 };
 use crate::datalayer::{lease, mapping, prometheus};
 use crate::endpoint::Endpoint;
-use crate::inflight::{Ledger, LEDGER_KEY};
+use crate::inflight::{self, endpoint_key};
 use crate::metrics;
 use crate::runtime::Runtime;
 use crate::shared_store::{read, update};
@@ -149,7 +149,10 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
                                 token,
                                 (
                                     Pending::Metrics {
-                                        in_flight: own.get(&e.address).copied().unwrap_or(0),
+                                        in_flight: own
+                                            .get(&endpoint_key(&e.address))
+                                            .copied()
+                                            .unwrap_or(0),
                                         address: e.address.clone(),
                                     },
                                     now,
@@ -173,16 +176,13 @@ pub fn tick(rt: &Runtime, vm: u64, now: i64) {
 /// This gateway's requests in flight per endpoint (every worker), recorded with each
 /// scrape so that the servers' counts can be split into its own and the other replicas'
 /// (`Metrics::other_load`).
-fn own_in_flight(now: i64) -> HashMap<String, u64> {
-    let mut ledger: Ledger = read(&HostStore, LEDGER_KEY)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+fn own_in_flight(now: i64) -> HashMap<u64, u64> {
+    let mut ledger = inflight::read(&HostStore).unwrap_or_default();
     ledger.drop_stale(now);
     ledger
-        .totals()
+        .loads()
         .into_iter()
-        .map(|(address, (requests, _))| (address.to_string(), requests))
+        .map(|(key, load)| (key, load.requests))
         .collect()
 }
 

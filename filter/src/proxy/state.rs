@@ -4,14 +4,11 @@
 
 use super::store::HostStore;
 use crate::datalayer::discovery::{Discovered, DISCOVERED_KEY};
-use crate::datalayer::snapshot::{
-    EndpointSnapshot, Snapshots, Version, SNAPSHOTS_KEY, VERSION_KEY,
-};
-use crate::datalayer::{candidates, endpoint_loads};
+use crate::datalayer::snapshot::{self, Version, SNAPSHOTS_KEY, VERSION_KEY};
+use crate::datalayer::{by_key, candidates, endpoint_loads, Snapshots};
 use crate::endpoint::{Candidate, Endpoint};
 use crate::flow_control::saturation::EndpointLoad;
 use crate::shared_store::read;
-use hashbrown::HashMap;
 use std::collections::BTreeMap;
 
 /// Cached snapshots and discovered endpoints.
@@ -19,7 +16,7 @@ use std::collections::BTreeMap;
 pub struct View {
     version: Option<u64>,
     /// Latest snapshot per endpoint.
-    pub snapshots: HashMap<String, EndpointSnapshot>,
+    pub snapshots: Snapshots,
     /// Endpoints discovered from Envoy's cluster membership.
     pub discovered: Vec<Endpoint>,
     /// The candidate list built from the above (no subset hint), until they change.
@@ -33,12 +30,8 @@ impl View {
     pub fn refresh(&mut self, discovery: bool) {
         match read::<Version>(&HostStore, VERSION_KEY) {
             Ok(Some(v)) if self.version != Some(v.version) => {
-                if let Ok(Some(s)) = read::<Snapshots>(&HostStore, SNAPSHOTS_KEY) {
-                    self.snapshots = s
-                        .endpoints
-                        .into_iter()
-                        .map(|e| (e.address.clone(), e))
-                        .collect();
+                if let Ok(Some(s)) = read::<snapshot::Snapshots>(&HostStore, SNAPSHOTS_KEY) {
+                    self.snapshots = by_key(s.endpoints);
                     self.version = Some(v.version);
                     self.cached = None;
                 }

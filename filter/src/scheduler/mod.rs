@@ -394,7 +394,7 @@ impl Scheduler {
         );
         let bs = u32::try_from(block_tokens).unwrap_or(u32::MAX);
         let addresses = || candidates.iter().map(|c| c.address.as_str());
-        let mut matches = index.matches(&hashes, addresses(), bs);
+        let mut matches = index.matches_by_key(&hashes, candidates.iter().map(Candidate::key), bs);
         // Precise matches replace the learned ones where the servers report; a prompt some
         // server reports holding part of is not cold, so the rendezvous prior is off.
         let mut reported_hit = false;

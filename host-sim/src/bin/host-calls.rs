@@ -191,7 +191,8 @@ fn run(a: &Args, requests: usize, end: u64) -> anyhow::Result<(Counts, Counts, C
     let mid = ms(500) + gap(a) * requests as u64 / 2;
     sim.run_until(mid)?;
     if a.fields {
-        for key in ["epp.v1.flow-control", "epp.v1.inflight"] {
+        // The in-flight ledger is flat, not protobuf (`Ledger::decode`).
+        for key in ["epp.v1.flow-control"] {
             if let Some(b) = sim.shared_data(key) {
                 println!(
                     "{key} mid-run: {} bytes; by field (tag: count, bytes): {:?}",

@@ -20,7 +20,7 @@ pub const HTTP_CONTEXT_TYPE: &str = "epp_filter::proxy::http::Http";
 /// The filter's in-flight ledger, decoded from shared data.
 pub fn ledger(sim: &Sim) -> Ledger {
     sim.shared_data(LEDGER_KEY)
-        .map(|b| Ledger::decode(b.as_slice()).expect("ledger decodes"))
+        .map(|b| Ledger::decode(&b).expect("ledger decodes"))
         .unwrap_or_default()
 }
 

@@ -44,7 +44,20 @@ impl Picker for MaxScore {
             .map(|(k, (i, s))| (i, s, in_flight.get(k).copied().unwrap_or(0)))
             .collect();
         rng.shuffle(&mut entries);
-        entries.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)));
+        let order =
+            |a: &(usize, f64, u64), b: &(usize, f64, u64)| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2));
+        if self.max_endpoints == 1 {
+            // The first of the best in shuffled order: what the stable sort puts first,
+            // in one pass.
+            let mut best: Option<&(usize, f64, u64)> = None;
+            for e in &entries {
+                if best.is_none_or(|b| order(e, b).is_lt()) {
+                    best = Some(e);
+                }
+            }
+            return best.map(|(i, _, _)| *i).into_iter().collect();
+        }
+        entries.sort_by(order);
         entries
             .into_iter()
             .take(self.max_endpoints)
@@ -102,5 +115,22 @@ mod tests {
         }
         assert_eq!(counts[2], 0);
         assert!(counts[0] > 1300 && counts[1] > 1300, "{counts:?}");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_one_endpoint_picked_is_the_first_of_the_list_picked_with_the_same_draws() {
+        let (one, all) = (MaxScore { max_endpoints: 1 }, MaxScore { max_endpoints: 8 });
+        let scored: Vec<(usize, f64)> = (0..8).map(|i| (i, f64::from(i as u32 % 3))).collect();
+        let loads = [3, 1, 1, 0, 2, 1, 0, 1];
+        let mut spread = [0u32; 8];
+        for seed in 0..200 {
+            let first = one.pick_with_load(scored.clone(), &loads, &mut Rng::new(seed));
+            let list = all.pick_with_load(scored.clone(), &loads, &mut Rng::new(seed));
+            assert_eq!(first[..], list[..1], "seed {seed}");
+            spread[first[0]] += 1;
+        }
+        // Score 2: endpoints 2 and 5, as loaded as each other: either, at random.
+        assert_eq!(spread[2] + spread[5], 200, "{spread:?}");
+        assert!(spread[2] > 50 && spread[5] > 50, "{spread:?}");
     }
 }
