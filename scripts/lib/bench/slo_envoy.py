@@ -127,10 +127,11 @@ def predictor_counters(envoy):
 
 
 def mape(before, after, t):
+    """The MAPE (%) over the window; Envoy's stats hold the error sum in thousandths."""
     n = after.get((t, "scored"), 0) - before.get((t, "scored"), 0)
     if n <= 0:
         return None
-    return 100 * (after.get((t, "error"), 0) - before.get((t, "error"), 0)) / n
+    return (after.get((t, "error"), 0) - before.get((t, "error"), 0)) / 10 / n
 
 
 def summarize(records, ttft_slo, tpot_slo):
