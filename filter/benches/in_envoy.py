@@ -80,16 +80,11 @@ def histogram(admin, metric=METRIC, labels="", text=None):
 
 def largest_bucket(text, metric):
     """The smallest bucket bound holding every observation (an upper bound of the maximum)."""
-    total, bound = None, None
-    for m in re.finditer(r"^%s_bucket\{[^}]*le=\"([^\"]+)\"[^}]*\} (\S+)$" % metric, text, re.M):
-        le, n = m.group(1), float(m.group(2))
-        if le == "+Inf":
-            total = n
-    for m in re.finditer(r"^%s_bucket\{[^}]*le=\"([^\"]+)\"[^}]*\} (\S+)$" % metric, text, re.M):
-        le, n = m.group(1), float(m.group(2))
-        if le != "+Inf" and total is not None and n >= total and (bound is None or float(le) < bound):
-            bound = float(le)
-    return bound
+    buckets = [(m.group(1), float(m.group(2))) for m in
+               re.finditer(r"^%s_bucket\{[^}]*le=\"([^\"]+)\"[^}]*\} (\S+)$" % metric, text, re.M)]
+    total = dict(buckets).get("+Inf")
+    bounds = [float(le) for le, n in buckets if le != "+Inf" and total is not None and n >= total]
+    return min(bounds, default=None)
 
 
 def gauge(text, metric, labels=""):
@@ -208,7 +203,8 @@ def run_slo(n, requests, wasm, envoy_bin):
             time.sleep(0.05)
         else:
             raise SystemExit("vllm-sim did not start; see " + tmp)
-        config = json.load(open(SLO_CONFIG))
+        with open(SLO_CONFIG) as f:
+            config = json.load(f)
         config["pool"] = {"endpoints": ["127.0.0.1:%d" % (base + i) for i in range(n)]}
         proc, admin, port = start_envoy(config, wasm, envoy_bin, tmp)
 

@@ -270,7 +270,9 @@ impl Model {
     }
 
     /// The prediction of `t` (ms) for a request with features `x` on `address`, or
-    /// `None` before the target has [`MIN_SAMPLES`].
+    /// `None` before the target has [`MIN_SAMPLES`]. Picks use
+    /// [`super::predictor::Predictor`], which gives the same value without the search.
+    #[cfg(test)]
     pub fn predict(&self, t: Target, address: &str, x: &[f64; N], obj: Objective) -> Option<f64> {
         let term = self.endpoints.iter().find(|e| e.address == address);
         self.predict_scaled(t, x, self.factor(t, term, obj))

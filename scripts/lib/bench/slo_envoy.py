@@ -68,7 +68,10 @@ def options(argv):
 
 def filter_config(side, d):
     """The filter's configuration file for a filter side."""
-    config = json.load(open(SLO_CONFIG)) if side == "slo" else {}
+    config = {}
+    if side == "slo":
+        with open(SLO_CONFIG) as f:
+            config = json.load(f)
     config["pool"] = {"objectives": OBJECTIVES}
     path = os.path.join(d, f"{side}.json")
     with open(path, "w") as f:
