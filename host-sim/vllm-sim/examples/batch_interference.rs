@@ -9,12 +9,14 @@
 //! ```text
 //! cargo run --release -p vllm-sim --example batch_interference -- [--seconds 600]
 //!     [--load 0.37] [--k 0,1,2,4] [--mnbt 8192] [--threshold 0] [--policy fcfs,priority]
-//!     [--prefill-us 250] [--overhead-ms 30]
+//!     [--prefill-us 250] [--overhead-ms 30] [--batch-slowdown 0.0667] [--kv-slowdown 1]
 //! ```
 //!
 //! `--load`: interactive arrivals ÷ the engine's interactive capacity; `--prefill-us` and
 //! `--overhead-ms`: the profile's prefill cost per uncached token and per prefilling
-//! step (`h100-llama-8b`: 250 µs, 30 ms). Lists are comma-separated.
+//! step (`h100-llama-8b`: 250 µs, 30 ms); `--batch-slowdown` and `--kv-slowdown`: the
+//! decode step's growth per extra running sequence and at a full KV cache (1/15, 1).
+//! Lists are comma-separated.
 //!
 //! The shapes are `scripts/bench batch`'s: interactive = a 256-token system prompt (one
 //! of 16) + a 64-token question (one of 16 per group, so mostly prefix-cached), 32 output
@@ -206,6 +208,8 @@ fn main() {
     let mut latency = LatencyProfile::h100_llama_8b();
     latency.prefill_per_token = Duration::from_secs_f64(number("--prefill-us", 250.0) / 1e6);
     latency.prefill_overhead = Duration::from_secs_f64(number("--overhead-ms", 30.0) / 1e3);
+    latency.batch_slowdown = number("--batch-slowdown", latency.batch_slowdown);
+    latency.kv_slowdown = number("--kv-slowdown", latency.kv_slowdown);
     let setup = Setup { seconds, latency };
     let ks: Vec<usize> = list(&args, "--k", "0,1,2,4");
     let budgets: Vec<usize> = list(&args, "--mnbt", "8192");
