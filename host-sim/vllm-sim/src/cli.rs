@@ -30,6 +30,10 @@ Engine:
                                     victim; fcfs refuses a priority other than 0 [fcfs]
   --max-model-len N                 context window in tokens [4096]
   --max-num-batched-tokens N        token budget per step (chunked prefill) [8192]
+  --long-prefill-token-threshold N  most tokens one request computes per step, so a long
+                                    prompt is prefilled in chunks of at most N; 0 = off [0]
+  --max-num-partial-prefills 1      accepted with vLLM's default 1 only (vLLM's V1 engine
+  --max-long-partial-prefills 1     refuses other values: no concurrent partial prefills)
   --block-size N                    tokens per KV block [16]
   --kv-events-config JSON           vLLM's KV events over ZMQ (vLLM's KVEventsConfig:
                                     enable_kv_cache_events, publisher, endpoint,
@@ -158,6 +162,16 @@ where
             }
             "max-model-len" => config.engine.max_model_len = int(&v)?.max(2),
             "max-num-batched-tokens" => config.engine.max_num_batched_tokens = int(&v)?.max(1),
+            "long-prefill-token-threshold" => config.engine.long_prefill_token_threshold = int(&v)?,
+            "max-num-partial-prefills" | "max-long-partial-prefills" => {
+                if int(&v)? != 1 {
+                    return Err(format!(
+                        "--{name}: only 1 is supported: vLLM's V1 engine refuses other values \
+                         (\"Concurrent Partial Prefill is not supported\"); cap a long prompt's \
+                         chunk with --long-prefill-token-threshold"
+                    ));
+                }
+            }
             "block-size" => config.engine.block_size = int(&v)?.max(1),
             "num-gpu-blocks" | "kv-cache-size" => config.engine.num_gpu_blocks = int(&v)?,
             "max-loras" => config.engine.max_loras = int(&v)?,
@@ -294,6 +308,12 @@ mod tests {
             "1",
             "--scheduling-policy",
             "priority",
+            "--max-num-batched-tokens",
+            "2048",
+            "--long-prefill-token-threshold",
+            "64",
+            "--max-num-partial-prefills",
+            "1",
         ]);
         assert_eq!(c.port, 0);
         assert_eq!(c.served_model_names, vec!["m1"]);
@@ -308,6 +328,9 @@ mod tests {
         assert_eq!(c.engine.seed, 42);
         assert_eq!(c.engine.scheduling_policy, SchedulingPolicy::Priority);
         assert_eq!(run(&[]).engine.scheduling_policy, SchedulingPolicy::Fcfs);
+        assert_eq!(c.engine.max_num_batched_tokens, 2048);
+        assert_eq!(c.engine.long_prefill_token_threshold, 64);
+        assert_eq!(run(&[]).engine.long_prefill_token_threshold, 0);
         assert_eq!(c.data_parallel_size, 2);
         assert!(c.metrics.legacy_names);
         assert_eq!(c.lora_modules.len(), 2);
@@ -334,6 +357,9 @@ mod tests {
         assert!(parse(["--port", "x"]).is_err());
         assert!(parse(["--profile", "b200"]).is_err());
         assert!(parse(["--inter-token-latency", "fast"]).is_err());
+        let err = parse(["--max-num-partial-prefills", "4"]).unwrap_err();
+        assert!(err.starts_with("--max-num-partial-prefills:"), "{err}");
+        assert!(parse(["--max-long-partial-prefills", "2"]).is_err());
         let err = parse(["--scheduling-policy", "sjf"]).unwrap_err();
         assert!(err.starts_with("--scheduling-policy:"), "{err}");
         assert!(matches!(parse(["--help"]), Ok(Command::Help)));

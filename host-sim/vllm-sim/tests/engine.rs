@@ -339,6 +339,70 @@ fn chunked_prefill_keeps_running_requests_decoding() {
     );
 }
 
+/// Runs `arrivals` (time in ms, request) to completion, step by step, and returns
+/// the prefill tokens of every step in order.
+fn prefill_per_step(config: EngineConfig, arrivals: &[(u64, EngineRequest)]) -> Vec<usize> {
+    let mut engine = Engine::new(config);
+    let mut pending: Vec<_> = arrivals.iter().rev().cloned().collect();
+    let mut steps = Vec::new();
+    let mut now = Duration::ZERO;
+    loop {
+        let next_step = engine.next_step_at();
+        match pending.last() {
+            Some((ms, _)) if next_step.is_none_or(|t| Duration::from_millis(*ms) <= t) => {
+                let (ms, request) = pending.pop().unwrap();
+                now = now.max(Duration::from_millis(ms));
+                engine.submit(request, now).unwrap();
+            }
+            _ => {
+                let Some(t) = next_step else { break };
+                now = now.max(t);
+                if let Some(step) = engine.step(now) {
+                    steps.push(step.work.prefill_tokens);
+                }
+            }
+        }
+    }
+    steps
+}
+
+#[test]
+fn long_prefill_token_threshold_chunks_long_prompts_only() {
+    let long = || fixed(&text("a long document to summarise ", 4000), 2); // 1000 tokens
+    let short = || fixed(&text("a short question ", 160), 2); // 40 tokens
+    let capped = EngineConfig {
+        long_prefill_token_threshold: 64,
+        ..h100_config()
+    };
+    // Alone, a long prompt is prefilled 64 tokens a step (the last chunk 40), where
+    // without the threshold it is one 1000-token step.
+    let steps = prefill_per_step(capped.clone(), &[(0, long())]);
+    assert_eq!(steps.iter().sum::<usize>(), 1000);
+    assert_eq!(steps.iter().filter(|&&n| n > 0).count(), 16, "{steps:?}");
+    assert!(steps.iter().all(|&n| n <= 64), "{steps:?}");
+    assert_eq!(prefill_per_step(h100_config(), &[(0, long())])[0], 1000);
+    // A prompt under the threshold still gets its whole prefill in one step.
+    assert_eq!(prefill_per_step(capped.clone(), &[(0, short())])[0], 40);
+    // The step's budget still applies on top: 48 tokens a step with a budget of 48.
+    let tight = EngineConfig {
+        max_num_batched_tokens: 48,
+        ..capped.clone()
+    };
+    let steps = prefill_per_step(tight, &[(0, long())]);
+    assert!(steps[..20].iter().all(|&n| n == 48), "{steps:?}");
+
+    // A short request arriving while the long one prefills joins the next step
+    // with its whole prompt (64 + 40 tokens), instead of waiting behind one
+    // 280 ms step, and gets its first token in two short steps.
+    let traces = run(capped, &[at(0, long()), at(10, short())]);
+    let short_ttft = traces[1].ttft().unwrap();
+    assert!(short_ttft < Duration::from_millis(110), "{short_ttft:?}");
+    let uncapped = run(h100_config(), &[at(0, long()), at(10, short())]);
+    assert!(uncapped[1].ttft().unwrap() > Duration::from_millis(300));
+    // The long prompt pays for its chunks: 16 steps of 30 ms overhead instead of one.
+    assert!(traces[0].ttft().unwrap() > uncapped[0].ttft().unwrap());
+}
+
 #[test]
 fn zero_profile_finishes_in_zero_virtual_time() {
     let config = EngineConfig {

@@ -3,7 +3,8 @@
 //! Each step, like vLLM v1's scheduler:
 //! 1. running sequences are served first, in admission order: each computes
 //!    its remaining tokens (one for a decoding sequence, a chunk of the prompt
-//!    for a prefilling one) within the step's token budget; a sequence that
+//!    for a prefilling one) within the step's token budget and at most
+//!    `long_prefill_token_threshold` of them (when set); a sequence that
 //!    needs a new KV block when none is free preempts a victim chosen by the
 //!    scheduling policy ([`super::policy`]: the most recently admitted, or the
 //!    least important) in recompute mode: the victim frees its blocks, goes back
@@ -13,7 +14,8 @@
 //!    leave them to its next step);
 //! 2. then, unless the step preempted, waiting sequences are admitted in queue
 //!    order (arrival, or priority then arrival) while the batch has room, the
-//!    budget lasts and their blocks fit (a request whose LoRA cannot join the
+//!    budget lasts and their blocks fit, each computing its uncached tokens within
+//!    the budget and the same threshold (a request whose LoRA cannot join the
 //!    batch is skipped; one whose blocks do not fit blocks the queue);
 //! 3. the step's duration follows from its work ([`super::latency`]); every
 //!    sequence whose computed tokens reach its length samples one token at the
@@ -218,7 +220,7 @@ impl Engine {
                 self.running[i].promote_blocks(&mut self.kv);
             }
             let seq = &self.running[i];
-            let n = (seq.tokens.len() - seq.computed).min(budget);
+            let n = self.chunk(seq.tokens.len() - seq.computed).min(budget);
             let need = self
                 .kv
                 .blocks_for(seq.computed + n)
@@ -419,10 +421,20 @@ impl Engine {
                 self.running.push(seq);
                 continue;
             }
-            let n = (seq.prefill_end - seq.computed).min(*budget);
+            let n = self.chunk(seq.prefill_end - seq.computed).min(*budget);
             *budget -= n;
             plan.push((self.running.len(), n));
             self.running.push(seq);
+        }
+    }
+
+    /// The tokens a sequence with `remaining` tokens to compute may compute in one
+    /// step before the step's budget: all of them, or `long_prefill_token_threshold`
+    /// when that is set and smaller (vLLM v1 caps running and waiting requests alike).
+    fn chunk(&self, remaining: usize) -> usize {
+        match self.config.long_prefill_token_threshold {
+            0 => remaining,
+            threshold => remaining.min(threshold),
         }
     }
 

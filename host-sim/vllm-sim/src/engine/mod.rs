@@ -47,6 +47,10 @@ pub struct EngineConfig {
     pub max_model_len: usize,
     /// Token budget of one step (`--max-num-batched-tokens`), for chunked prefill.
     pub max_num_batched_tokens: usize,
+    /// Most tokens one request computes in a step (`--long-prefill-token-threshold`;
+    /// 0 = no cap but the step's budget): a longer prompt is prefilled in chunks of at
+    /// most this many tokens, as vLLM v1 does.
+    pub long_prefill_token_threshold: usize,
     /// Tokens per KV block (`--block-size`).
     pub block_size: usize,
     /// KV-cache capacity in blocks (`--num-gpu-blocks` / `--kv-cache-size`).
@@ -68,6 +72,7 @@ impl Default for EngineConfig {
             max_waiting_queue_length: 1000,
             max_model_len: 4096,
             max_num_batched_tokens: 8192,
+            long_prefill_token_threshold: 0,
             block_size: 16,
             num_gpu_blocks: 4096,
             max_loras: 1,
