@@ -155,7 +155,7 @@ fn bench(c: &mut Criterion) {
                 let picked = inflight::acquire_with(&store, 1, 0, |ledger| {
                     let loads = ledger.loads();
                     for c in candidates.iter_mut() {
-                        let l = loads.get(&c.key()).copied().unwrap_or_default();
+                        let l = loads.get(c.key()).copied().unwrap_or_default();
                         c.in_flight = l.requests;
                         c.in_flight_tokens = l.tokens;
                     }

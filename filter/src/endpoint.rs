@@ -69,6 +69,32 @@ pub fn key(address: &str) -> u64 {
 
 const KEY_SEED: u64 = 0x6570_705f_6c65_6467;
 
+/// A map keyed by endpoint [`key`]s. The keys are already uniform 64-bit hashes, so the
+/// map uses each as its own hash ([`KeyHasher`]) instead of hashing it again: a lookup
+/// per candidate per pick costs a probe, not a hash.
+pub type KeyMap<V> = hashbrown::HashMap<u64, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// The hasher of [`KeyMap`]: a `u64` is its own hash (other input, which a `KeyMap`
+/// never hashes, is folded in byte by byte).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 /// An endpoint the scheduler may choose.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Candidate {

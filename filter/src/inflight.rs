@@ -95,6 +95,61 @@ pub struct Load {
     pub prefill_tokens: u64,
 }
 
+/// What is in flight per endpoint key over every live VM ([`Ledger::loads`]): a small
+/// open-addressing table (linear probing, at most half full). Endpoint keys are uniform
+/// 64-bit hashes, so each is its own hash: a pick's lookup per candidate is a masked
+/// index and a compare or two.
+#[derive(Debug, Clone, Default)]
+pub struct Loads {
+    slots: Vec<Option<(u64, Load)>>,
+}
+
+impl Loads {
+    /// An empty table with room for `n` endpoints.
+    fn with_room_for(n: usize) -> Self {
+        let size = n.saturating_mul(2).max(1).next_power_of_two();
+        Self {
+            slots: vec![None; size],
+        }
+    }
+
+    /// The slot holding `key`, or the empty one where it goes (`None` for a table
+    /// without slots). Terminates: at least half the slots are empty.
+    fn slot(&self, key: u64) -> Option<usize> {
+        let mask = self.slots.len().checked_sub(1)?;
+        let mut i = usize::try_from(key & mask as u64).unwrap_or(0);
+        loop {
+            match self.slots.get(i)? {
+                Some((k, _)) if *k != key => i = (i + 1) & mask,
+                _ => return Some(i),
+            }
+        }
+    }
+
+    /// `key`'s load, added as zero when absent.
+    fn entry(&mut self, key: u64) -> Option<&mut Load> {
+        let i = self.slot(key)?;
+        let (_, load) = self.slots.get_mut(i)?.get_or_insert((key, Load::default()));
+        Some(load)
+    }
+
+    /// What is in flight on the endpoint with key `key`, if anything.
+    pub fn get(&self, key: u64) -> Option<&Load> {
+        let i = self.slot(key)?;
+        self.slots.get(i)?.as_ref().map(|(_, load)| load)
+    }
+
+    /// Every endpoint with something in flight, and its load.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Load)> {
+        self.slots.iter().flatten().map(|(key, load)| (*key, load))
+    }
+
+    /// The load of every endpoint with something in flight.
+    pub fn values(&self) -> impl Iterator<Item = &Load> {
+        self.iter().map(|(_, load)| load)
+    }
+}
+
 /// Reads little-endian integers off the front of a byte slice.
 struct Reader<'a>(&'a [u8]);
 
@@ -216,21 +271,22 @@ impl Ledger {
     /// Everything in flight on `endpoint` (its address), over every live VM.
     pub fn load(&self, endpoint: &str) -> Load {
         self.loads()
-            .get(&endpoint_key(endpoint))
+            .get(endpoint_key(endpoint))
             .copied()
             .unwrap_or_default()
     }
 
     /// Everything in flight per endpoint key, over every live VM.
-    pub fn loads(&self) -> hashbrown::HashMap<u64, Load> {
+    pub fn loads(&self) -> Loads {
         let counts = self.workers.iter().map(|w| w.counts.len()).sum();
-        let mut out: hashbrown::HashMap<u64, Load> = hashbrown::HashMap::with_capacity(counts);
+        let mut out = Loads::with_room_for(counts);
         for c in self.workers.iter().flat_map(|w| w.counts.iter()) {
-            let e = out.entry(c.endpoint).or_default();
-            e.requests += u64::from(c.in_flight);
-            e.tokens += c.tokens;
-            e.prefilling += u64::from(c.prefilling.min(c.in_flight));
-            e.prefill_tokens += c.prefill_tokens;
+            if let Some(e) = out.entry(c.endpoint) {
+                e.requests += u64::from(c.in_flight);
+                e.tokens += c.tokens;
+                e.prefilling += u64::from(c.prefilling.min(c.in_flight));
+                e.prefill_tokens += c.prefill_tokens;
+            }
         }
         out
     }

@@ -120,7 +120,7 @@ pub fn route(
         inflight::acquire_with(store, pick.vm, pick.request.now_ms, |ledger| {
             let loads = ledger.loads();
             for c in candidates.iter_mut() {
-                let l = loads.get(&c.key()).copied().unwrap_or_default();
+                let l = loads.get(c.key()).copied().unwrap_or_default();
                 c.in_flight = l.requests;
                 c.in_flight_tokens = l.tokens;
                 c.prefilling = l.prefilling;

@@ -16,13 +16,13 @@ pub mod snapshot;
 pub mod source;
 
 use crate::endpoint::Endpoint;
+use crate::endpoint::KeyMap;
 use crate::endpoint::{other_requests, Candidate};
 use crate::flow_control::saturation::EndpointLoad;
-use hashbrown::HashMap;
 use snapshot::EndpointSnapshot;
 
 /// The latest snapshot of each endpoint, by its key (`crate::endpoint::key`).
-pub type Snapshots = HashMap<u64, EndpointSnapshot>;
+pub type Snapshots = KeyMap<EndpointSnapshot>;
 
 /// [`Snapshots`] of a published list.
 pub fn by_key(list: Vec<EndpointSnapshot>) -> Snapshots {
@@ -111,10 +111,10 @@ pub fn candidates(
     subset: Option<&[String]>,
 ) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::with_capacity(static_endpoints.len() + discovered.len());
-    let mut seen: hashbrown::HashSet<u64> = hashbrown::HashSet::with_capacity(out.capacity());
+    let mut seen: KeyMap<()> = KeyMap::with_capacity_and_hasher(out.capacity(), Default::default());
     for e in static_endpoints.iter().chain(discovered) {
         let key = crate::endpoint::key(&e.address);
-        if !subset_allows(subset, &e.address) || !seen.insert(key) {
+        if !subset_allows(subset, &e.address) || seen.insert(key, ()).is_some() {
             continue;
         }
         let snap = snapshots.get(&key);
@@ -174,7 +174,7 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn failing_endpoints_leave_until_they_answer() {
         let eps = [ep("10.0.0.1:8000"), ep("10.0.0.2:8000")];
-        let mut snaps = HashMap::new();
+        let mut snaps = Snapshots::default();
         snaps.insert(
             crate::endpoint::key("10.0.0.2:8000"),
             EndpointSnapshot {
@@ -208,7 +208,7 @@ mod tests {
         let eps = [ep("10.0.0.1:8000"), ep("10.0.0.2:8000")];
         // Discovery also lists a static endpoint: it is one endpoint, not two.
         let discovered = [ep("10.0.0.2:8000"), ep("10.0.0.3:8000")];
-        let mut snaps = HashMap::new();
+        let mut snaps = Snapshots::default();
         snaps.insert(
             crate::endpoint::key("10.0.0.2:8000"),
             EndpointSnapshot {
@@ -232,7 +232,7 @@ mod tests {
             ep("10.0.0.1:8001"),
             ep("10.0.0.2:8000"),
         ];
-        let snaps = HashMap::new();
+        let snaps = Snapshots::default();
         let addrs = |s: Option<&[String]>| -> Vec<String> {
             candidates(&eps, &[], &snaps, s)
                 .into_iter()
@@ -260,7 +260,7 @@ mod tests {
         let c = candidates(
             &[ep("10.0.0.1:8000")],
             &[ep("10.0.0.1:8000"), ep("10.0.0.3:8000")],
-            &HashMap::new(),
+            &Snapshots::default(),
             None,
         );
         assert_eq!(c.len(), 2);

@@ -176,7 +176,7 @@ fn ledger_in_flight(rt: &Runtime, now_ms: u64, subset: Option<&[String]>) -> (u6
     vm::with(|vm| add(&vm.view.discovered));
     within
         .iter()
-        .filter_map(|k| loads.get(k))
+        .filter_map(|k| loads.get(*k))
         .fold((0, 0), |(r, t), l| (r + l.requests, t + l.tokens))
 }
 

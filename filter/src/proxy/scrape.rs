@@ -181,7 +181,7 @@ fn own_in_flight(now: i64) -> HashMap<u64, u64> {
     ledger.drop_stale(now);
     ledger
         .loads()
-        .into_iter()
+        .iter()
         .map(|(key, load)| (key, load.requests))
         .collect()
 }

@@ -48,7 +48,15 @@ impl Profile {
             let values = s.plugin.score(cx, endpoints);
             probe.record("Scorer", &s.type_name, &s.name, start);
             for (t, v) in total.iter_mut().zip(values) {
-                let v = if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) };
+                // Clamped to [0, 1], NaN as 0 (what `is_nan` and `clamp` give, in two
+                // comparisons).
+                let v = if v >= 1.0 {
+                    1.0
+                } else if v > 0.0 {
+                    v
+                } else {
+                    0.0
+                };
                 *t += v * s.weight;
             }
         }

@@ -26,8 +26,17 @@ pub mod token_load;
 
 /// Min-max normalisation where lower is better: `(max − v)/(max − min)`; all equal → 1.
 pub fn lower_is_better(values: &[f64]) -> Vec<f64> {
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    // Comparisons rather than `f64::min`/`max`, which wasm32 calls out of line; NaN is
+    // skipped alike.
+    let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
+    for &v in values {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
     if values.is_empty() || max <= min {
         return vec![1.0; values.len()];
     }
