@@ -7,6 +7,12 @@
 //! * `schedule_cold/{prior,no_prior}/N` — a prompt whose system prompt no endpoint holds,
 //!   with the rendezvous prior (the default) and without (`rendezvousPrior: false`): what
 //!   the prior costs when it applies (one hash per candidate).
+//! * `schedule_replicas/{default,home_filter}/{others,alone}/N` — the warm prompt of
+//!   `schedule/N` with the servers reporting other gateway replicas' requests (`others`)
+//!   or only this gateway's (`alone`): the default profile, and
+//!   `envoy/config/rendezvous-home-growing.json` (`rendezvous-home-filter`: its
+//!   `otherGatewayShare` pass reads every candidate's report, then with others the home,
+//!   a hash per candidate and a sort; alone, the utilization filter).
 //!
 //! Run: `cargo bench -p filter --bench pick`.
 
@@ -135,6 +141,40 @@ fn bench(c: &mut Criterion) {
             };
             let id = BenchmarkId::new(name, n);
             schedule(&mut group, id, &scheduler, &request, &candidates, &index);
+        }
+    }
+    group.finish();
+    // Several gateway replicas: a warm prompt (`schedule/N`'s) with the servers reporting
+    // requests of other replicas (`others`) or only this gateway's (`alone`).
+    let mut group = c.benchmark_group("schedule_replicas");
+    let configs = [
+        ("default", ""),
+        (
+            "home_filter",
+            include_str!("../../envoy/config/rendezvous-home-growing.json"),
+        ),
+    ];
+    for (name, config) in configs {
+        let scheduler = epp_filter::runtime::load(config).expect("config").scheduler;
+        for (view, own) in [("others", false), ("alone", true)] {
+            if name == "default" && own {
+                continue;
+            }
+            for n in [8usize, 64, 512] {
+                let (_, mut candidates, index, prompt) = setup(n);
+                for c in &mut candidates {
+                    let reported = c.metrics.running + c.metrics.waiting;
+                    c.metrics.gateway_in_flight = if own { reported } else { 0 };
+                }
+                let request = Request {
+                    model: "m",
+                    prompt: &prompt,
+                    body_bytes: prompt.len() + 40,
+                    ..Request::default()
+                };
+                let id = BenchmarkId::new(format!("{name}/{view}"), n);
+                schedule(&mut group, id, &scheduler, &request, &candidates, &index);
+            }
         }
     }
     group.finish();

@@ -17,6 +17,12 @@
 //! if no endpoint is within the bound (only possible with a factor below 1), the first
 //! `homeSize` in the order are.
 //!
+//! With `growWhenQueueing`, while every home endpoint queues (a prefix group hotter than
+//! its home), the home grows along the same order up to the first endpoint within the
+//! bound that queues nothing: the group's overflow goes to its next choices, the same on
+//! every replica reading the same scrape, and the home shrinks back once one of its
+//! endpoints stops queueing. When no endpoint is free (a pool-wide queue) it does not grow.
+//!
 //! With `otherGatewayShare` above 0 the filter acts only while other gateways route to the
 //! pool too: while at least that share of the requests the endpoints in play reported
 //! (`running + waiting`, by their last scrape) were not this gateway's own in flight there
@@ -68,6 +74,9 @@ pub struct RendezvousHome {
     /// `otherGatewayShare`: act only while at least this share of the endpoints' scraped
     /// requests are other gateways'; 0 = always.
     pub other_share: f64,
+    /// `growWhenQueueing`: while every home endpoint queues, the home grows along the
+    /// rendezvous order up to the first endpoint within the bound that queues nothing.
+    pub grow: bool,
     /// `whenAlone`: the utilization filter applied instead while alone, or without a key.
     pub alone: Option<Utilization>,
 }
@@ -78,6 +87,7 @@ impl Default for RendezvousHome {
             size: DEFAULT_HOME_SIZE,
             load_factor: DEFAULT_LOAD_FACTOR,
             other_share: DEFAULT_OTHER_GATEWAY_SHARE,
+            grow: false,
             alone: None,
         }
     }
@@ -126,13 +136,21 @@ impl Filter for RendezvousHome {
         } else {
             u64::MAX
         };
-        let within = |c: &crate::endpoint::Candidate| c.waiting_estimate() == 0 || load(c) <= bound;
-        let mut home: Vec<usize> = weighted
-            .iter()
-            .map(|&(_, i)| i)
-            .filter(|&i| cx.candidate(i).is_some_and(within))
-            .take(self.size)
-            .collect();
+        let within = |i: usize| {
+            cx.candidate(i)
+                .is_some_and(|c| c.waiting_estimate() == 0 || load(c) <= bound)
+        };
+        let queues = |i: usize| cx.candidate(i).is_none_or(|c| c.waiting_estimate() > 0);
+        let mut order = weighted.iter().map(|&(_, i)| i).filter(|&i| within(i));
+        let mut home: Vec<usize> = order.by_ref().take(self.size).collect();
+        if self.grow && !home.is_empty() && home.iter().all(|&i| queues(i)) {
+            // Every home endpoint queues: the home grows along the order, up to the first
+            // endpoint within the bound that queues nothing (none: it stays as it is).
+            let more: Vec<usize> = order.collect();
+            if let Some(free) = more.iter().position(|&i| !queues(i)) {
+                home.extend(more.iter().take(free + 1));
+            }
+        }
         if home.is_empty() {
             home = weighted.iter().take(self.size).map(|&(_, i)| i).collect();
         }
@@ -148,7 +166,13 @@ impl RendezvousHome {
         let p = Params::new(
             Some(v),
             path,
-            &["homeSize", "loadFactor", "otherGatewayShare", "whenAlone"],
+            &[
+                "homeSize",
+                "loadFactor",
+                "otherGatewayShare",
+                "growWhenQueueing",
+                "whenAlone",
+            ],
         )?;
         let other_share = p.f64("otherGatewayShare", DEFAULT_OTHER_GATEWAY_SHARE)?;
         if !(0.0..=1.0).contains(&other_share) {
@@ -164,6 +188,7 @@ impl RendezvousHome {
                 format!("must be 0 (no bound) or positive, got {load_factor}"),
             ));
         }
+        let grow = p.bool("growWhenQueueing", false)?;
         let size = p.positive("homeSize", DEFAULT_HOME_SIZE as i64)?;
         let size = usize::try_from(size)
             .map_err(|_| err(&p.path("homeSize"), format!("too large: {size}")))?;
@@ -184,6 +209,7 @@ impl RendezvousHome {
             size,
             load_factor,
             other_share,
+            grow,
             alone,
         })
     }
@@ -331,6 +357,54 @@ mod tests {
     }
 
     #[wasm_bindgen_test(unsupported = test)]
+    fn while_every_home_endpoint_queues_the_home_grows_to_the_next_that_does_not() {
+        let f = RendezvousHome {
+            grow: true,
+            ..RendezvousHome::default()
+        };
+        let mut c = candidates(&[(0, 4, 0.1); 8]);
+        let mut order: Vec<(u64, usize)> = c
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (xxh64(x.address.as_bytes(), 7), i))
+            .collect();
+        order.sort_unstable_by(|a, b| b.cmp(a));
+        let by_rank: Vec<String> = order.iter().map(|&(_, i)| c[i].address.clone()).collect();
+        let first = |n: usize| {
+            let mut v = by_rank[..n].to_vec();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            home(&f, &c, Some(7)),
+            first(3),
+            "nothing queues: the first three"
+        );
+        // A hot group: its three home endpoints run full and queue 1 (within the bound).
+        for &(_, i) in &order[..3] {
+            c[i].metrics.running = 8;
+            c[i].metrics.waiting = 1;
+        }
+        assert_eq!(
+            home(&f, &c, Some(7)),
+            first(4),
+            "the fourth of the order joins"
+        );
+        // The fourth queues too: the fifth joins, the fourth stays.
+        c[order[3].1].metrics.running = 8;
+        c[order[3].1].metrics.waiting = 1;
+        assert_eq!(home(&f, &c, Some(7)), first(5));
+        // Without growWhenQueueing the home stays at three.
+        assert_eq!(home(&RendezvousHome::default(), &c, Some(7)), first(3));
+        // Every endpoint queues (a pool-wide queue): no growth past the three.
+        for x in &mut c {
+            x.metrics.running = 8;
+            x.metrics.waiting = 1;
+        }
+        assert_eq!(home(&f, &c, Some(7)), first(3));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
     fn without_a_key_every_endpoint_is_kept() {
         let c = candidates(&[(0, 0, 0.0); 4]);
         assert_eq!(home(&RendezvousHome::default(), &c, None).len(), 4);
@@ -338,6 +412,11 @@ mod tests {
 
     #[wasm_bindgen_test(unsupported = test)]
     fn bad_parameters_name_the_field() {
+        let e = RendezvousHome::from_parameters(&serde_json::json!({"growWhenQueueing": 1}), "p")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("p.growWhenQueueing"), "{e}");
         let e = RendezvousHome::from_parameters(&serde_json::json!({"homeSize": 0}), "p")
             .err()
             .map(|e| e.to_string())
