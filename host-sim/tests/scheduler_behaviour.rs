@@ -130,6 +130,84 @@ fn a_server_with_a_long_queue_is_avoided_once_its_scrape_shows_it() {
     );
 }
 
+/// Where requests of a cached prompt go when every server queues: 4 servers with 2 slots
+/// each, three of them 9–10 deep, one running 2 and queueing nothing; the prompt's prefix
+/// is cached on one of the deep ones (9 waiting).
+fn saturated_pool_run(config: String) -> (String, BTreeMap<String, usize>) {
+    let eps = endpoints(4);
+    let mut sim = new_sim(config, 4, 13);
+    for (i, e) in eps.iter().enumerate() {
+        sim.add_endpoint(e, Box::new(engine(e, 1 + i as u64).max_num_seqs(2).build()));
+    }
+    let system: String = (0..500).map(|w| format!("sys{w:03} ")).collect();
+    // The prompt's first request, pinned to the second server: cached there, learned.
+    sim.add_requests([RequestSpec::completion(
+        MODEL,
+        &format!("{system} first question"),
+        8,
+        false,
+    )
+    .header("x-gateway-destination-endpoint-subset", &eps[1])
+    .at(ms(10))]);
+    sim.run_until(ms(400)).unwrap();
+    // Long backlogs pinned to each server: 12, 11, 12 and 2 requests (2 run, the rest wait).
+    let mut backlog = Vec::new();
+    for (e, n) in eps.iter().zip([12u64, 11, 12, 2]) {
+        backlog.extend((0..n).map(|i| {
+            RequestSpec::completion(MODEL, &format!("backlog {e} {i}"), 400, true)
+                .header("x-gateway-destination-endpoint-subset", e)
+                .at(ms(400) + i)
+        }));
+    }
+    sim.add_requests(backlog);
+    sim.run_until(ms(700)).unwrap();
+    // Then 10 more of the cached prompt, one every 20 ms.
+    sim.add_requests((0..10).map(|i| {
+        RequestSpec::completion(MODEL, &format!("{system} question {i}"), 8, false)
+            .at(ms(700) + i * ms(20))
+    }));
+    sim.run_until(30 * SEC).unwrap();
+    (eps[1].clone(), spread(&sim, ms(700), ms(1000)))
+}
+
+/// Past the pool's capacity most queues are above the utilization detector's bound of 5;
+/// with the default profile a cached prompt still goes to its server while that server's
+/// queue is within twice the pool's mean, instead of to the one server that scraped below
+/// 5, which the reference's absolute bound alone leaves as the only candidate (the short
+/// requests it gets keep its queue below 5).
+#[test]
+fn when_every_server_queues_a_cached_prompt_keeps_its_server() {
+    let eps = endpoints(4);
+    let (warm, per) = saturated_pool_run(filter_config(&eps, json!({})));
+    eprintln!("default profile: {per:?}");
+    assert_eq!(per.values().sum::<usize>(), 10, "{per:?}");
+    assert!(
+        per.get(&warm).copied().unwrap_or(0) >= 9,
+        "the cached prompt goes to {warm}, which holds it: {per:?}"
+    );
+    // The same profile with the reference's absolute bound only.
+    let mut absolute: Value = serde_json::from_str(&filter_config(&eps, json!({}))).unwrap();
+    absolute["plugins"] = json!([
+        {"type": "utilization-detector"},
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "prefix-cache-scorer"}
+    ]);
+    absolute["schedulingProfiles"] = json!([{"name": "default", "plugins": [
+        {"pluginRef": "utilization-detector"},
+        {"pluginRef": "queue-scorer", "weight": 2},
+        {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+        {"pluginRef": "prefix-cache-scorer", "weight": 3}
+    ]}]);
+    let (_, per) = saturated_pool_run(absolute.to_string());
+    eprintln!("absolute bound only: {per:?}");
+    assert!(
+        per.get(&eps[3]).copied().unwrap_or(0) >= 9,
+        "with the absolute bound alone they go to the shortest queue {}: {per:?}",
+        eps[3]
+    );
+}
+
 /// A server whose scrape shows a nearly full KV cache gets at most a quarter of new
 /// requests (a third would be its fair share).
 #[test]

@@ -38,6 +38,13 @@ fn no_configuration_is_the_reference_default_profile_with_its_detector_as_a_filt
         );
         assert!(c.resolved.plugin("single-profile-handler").is_some());
         assert_eq!(c.resolved.saturation_detector, "utilization-detector");
+        // Its filter role bounds a queue relative to the pool's mean too.
+        assert_eq!(
+            c.resolved
+                .plugin("utilization-detector")
+                .map(|p| p.parameters["queueDepthMeanFactor"].clone()),
+            Some(serde_json::json!(2.0))
+        );
         assert_eq!(c.resolved.data_sources.len(), 1);
         assert_eq!(c.resolved.parser, "openai-parser");
         let s = &c.scheduler;

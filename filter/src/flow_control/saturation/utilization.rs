@@ -1,7 +1,8 @@
 //! `utilization-detector`: the unweighted mean over endpoints of each endpoint's
 //! "roofline" `max(waiting / queueDepthThreshold, kv / kvCacheUtilThreshold)`; an
 //! endpoint with stale or missing metrics counts 1.0, and an empty pool is 1.0.
-//! `headroom` only loosens the filter role, as in the reference.
+//! `headroom` only loosens the filter role, as in the reference; `queueDepthMeanFactor`
+//! (ours) only changes the filter role too.
 
 use super::EndpointLoad;
 use crate::config::quantity::parse_duration_ms;
@@ -25,6 +26,11 @@ pub struct Params {
     /// `stalenessPolicy` (llm-d): `saturated` (default, as the reference: a stale
     /// endpoint counts 1.0) or `ignore` (stale endpoints leave the mean; all stale → 1.0).
     pub ignore_stale: bool,
+    /// `queueDepthMeanFactor` (ours; default 0: off). Filter role only: the queue bound
+    /// is the larger of `queueDepthThreshold·(1+headroom)` and this factor × the mean
+    /// scraped queue of the fresh endpoints in play, so in a pool-wide queue the filter
+    /// leaves out only the endpoints queueing well above the others.
+    pub queue_depth_mean_factor: f64,
 }
 
 impl Default for Params {
@@ -35,6 +41,7 @@ impl Default for Params {
             staleness_ms: 200,
             headroom: 0.0,
             ignore_stale: false,
+            queue_depth_mean_factor: 0.0,
         }
     }
 }
@@ -51,6 +58,7 @@ impl Params {
                 "metricsStalenessThreshold",
                 "headroom",
                 "stalenessPolicy",
+                "queueDepthMeanFactor",
             ],
         )?;
         let err = |key: &str, reason: &str| ConfigError {
@@ -101,6 +109,12 @@ impl Params {
                 }
             };
         }
+        if let Some(f) = params.number("queueDepthMeanFactor")? {
+            if !(f == 0.0 || f >= 1.0) {
+                return Err(err("queueDepthMeanFactor", "must be 0 (off) or at least 1"));
+            }
+            p.queue_depth_mean_factor = f;
+        }
         Ok(p)
     }
 
@@ -137,9 +151,12 @@ impl Params {
     }
 
     /// Filter role: the endpoints with fresh metrics under both thresholds (loosened by
-    /// `headroom`); all of them if none qualifies (fail open).
+    /// `headroom`; the queue bound raised to `queueDepthMeanFactor` × the fresh
+    /// endpoints' mean queue when that is higher); all of them if none qualifies (fail
+    /// open).
     pub fn keep(&self, endpoints: &[EndpointLoad], now_ms: u64) -> Vec<bool> {
-        let q = self.queue_depth_threshold * (1.0 + self.headroom);
+        let q = (self.queue_depth_threshold * (1.0 + self.headroom))
+            .max(self.queue_depth_mean_factor * self.mean_fresh_waiting(endpoints, now_ms));
         // A KV cache cannot be more than full: headroom past 1.0 would keep full servers.
         let k = (self.kv_cache_util_threshold * (1.0 + self.headroom)).min(1.0);
         let keep: Vec<bool> = endpoints
@@ -150,6 +167,22 @@ impl Params {
             keep
         } else {
             vec![true; endpoints.len()]
+        }
+    }
+
+    /// The mean scraped queue of the endpoints with fresh metrics (0 if none).
+    fn mean_fresh_waiting(&self, endpoints: &[EndpointLoad], now_ms: u64) -> f64 {
+        if self.queue_depth_mean_factor <= 0.0 {
+            return 0.0;
+        }
+        let (n, sum) = endpoints
+            .iter()
+            .filter(|e| self.fresh(e, now_ms))
+            .fold((0u32, 0.0), |(n, s), e| (n + 1, s + e.waiting));
+        if n == 0 {
+            0.0
+        } else {
+            sum / f64::from(n)
         }
     }
 }
@@ -237,6 +270,38 @@ mod tests {
     }
 
     #[wasm_bindgen_test(unsupported = test)]
+    fn mean_factor_keeps_a_pool_wide_queue_and_leaves_out_the_outliers() {
+        let now = 5;
+        // Every queue above 5: the reference's bound keeps the one below it alone.
+        let pool = [
+            ep(4.0, 0.5, Some(now)),
+            ep(14.0, 0.5, Some(now)),
+            ep(16.0, 0.5, Some(now)),
+            ep(30.0, 0.5, Some(now)),
+            ep(1.0, 0.5, None), // stale: out, and not in the mean
+        ];
+        let absolute = Params::default();
+        assert_eq!(
+            absolute.keep(&pool, now),
+            vec![true, false, false, false, false]
+        );
+        // Mean of the fresh queues 16: the bound is 1.5 × 16 = 24.
+        let relative = Params::parse(&json!({"queueDepthMeanFactor": 1.5}), "p").unwrap();
+        assert_eq!(
+            relative.keep(&pool, now),
+            vec![true, true, true, false, false]
+        );
+        // Below the absolute bound's mean the reference's bound decides.
+        let light = [ep(0.0, 0.1, Some(now)), ep(5.0, 0.1, Some(now))];
+        assert_eq!(relative.keep(&light, now), vec![true, false]);
+        // The flow-control role is unchanged.
+        assert_eq!(
+            relative.saturation(&pool, now),
+            absolute.saturation(&pool, now)
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
     fn parameters_are_validated_by_name() {
         let ok = Params::parse(
             &json!({"queueDepthThreshold": 10, "kvCacheUtilThreshold": 0.9,
@@ -253,6 +318,8 @@ mod tests {
                 "metricsStalenessThreshold",
             ),
             (json!({"headroom": -1}), "headroom"),
+            (json!({"queueDepthMeanFactor": 0.5}), "queueDepthMeanFactor"),
+            (json!({"queueDepthMeanFactor": "2"}), "queueDepthMeanFactor"),
             (json!({"queueDepth": 3}), "queueDepth"),
         ] {
             let e = Params::parse(&params, "p").unwrap_err();

@@ -3,8 +3,9 @@
 //!
 //! * `utilization-detector`: keeps an endpoint whose metrics are fresh
 //!   (`now − updated ≤ metricsStalenessThreshold`), with
-//!   `waiting < queueDepthThreshold·(1+headroom)` and `kv < kvCacheUtilThreshold·(1+headroom)`;
-//!   if that removes every endpoint, all are kept (fail open).
+//!   `waiting < max(queueDepthThreshold·(1+headroom), queueDepthMeanFactor × mean waiting
+//!   of the fresh endpoints)` and `kv < kvCacheUtilThreshold·(1+headroom)`; if that removes
+//!   every endpoint, all are kept (fail open).
 //! * `concurrency-detector`: keeps an endpoint whose in-flight load (requests, or tokens
 //!   in `tokens` mode) is below `int(capacity·(1+headroom))` (with `inFlightSource:
 //!   servers`, also its load plus the other replicas' there below the whole
