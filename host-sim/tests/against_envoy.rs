@@ -125,9 +125,25 @@ fn filter_lines(prom: &str) -> Vec<String> {
         // One series per endpoint: which endpoint served depends on real timing; the
         // totals are compared separately (`attempts`).
         .filter(|l| !l.starts_with("inference_extension_scheduler_attempts_total{"))
+        // Each VM times its first decision's plugins: the count is how many workers made a
+        // decision, which depends on how the kernel spread the client's connections over
+        // Envoy's workers (compared separately: `plugin_timings`).
+        .filter(|l| !l.starts_with("inference_extension_plugin_duration_seconds_count{"))
         .map(str::to_string)
         .collect();
     v.sort();
+    v
+}
+
+/// The plugins timed, each with its count of timed decisions.
+fn plugin_timings(prom: &str) -> Vec<(String, f64)> {
+    let mut v: Vec<(String, f64)> = prom
+        .lines()
+        .filter_map(|l| l.strip_prefix("inference_extension_plugin_duration_seconds_count{"))
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(labels, n)| (labels.to_string(), n.parse().unwrap_or(f64::NAN)))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
     v
 }
 
@@ -239,6 +255,17 @@ fn the_same_requests_give_the_same_answers_and_metrics_in_envoy_and_in_host_sim(
     let statuses: Vec<u16> = from_envoy.iter().map(|s| s.status).collect();
     assert_eq!(statuses, [200, 200, 200, 200, 200, 400, 400, 400, 413, 200]);
     assert_eq!(filter_lines(&sim.prometheus()), envoy_metrics);
+    // The same plugins timed, each in the first decision of one or both workers.
+    let (envoy_timed, sim_timed) = (
+        plugin_timings(&envoy_prom),
+        plugin_timings(&sim.prometheus()),
+    );
+    let names = |v: &[(String, f64)]| v.iter().map(|(l, _)| l.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&envoy_timed), names(&sim_timed));
+    assert_eq!(envoy_timed.len(), 5, "{envoy_prom}");
+    for (labels, n) in envoy_timed.iter().chain(&sim_timed) {
+        assert!((1.0..=2.0).contains(n), "{labels}: timed {n} times");
+    }
     assert_eq!(attempts(&envoy_prom, "success"), 6.0, "{envoy_prom}");
     assert_eq!(attempts(&sim.prometheus(), "success"), 6.0);
 }
