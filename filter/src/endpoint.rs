@@ -74,8 +74,9 @@ const KEY_SEED: u64 = 0x6570_705f_6c65_6467;
 /// per candidate per pick costs a probe, not a hash.
 pub type KeyMap<V> = hashbrown::HashMap<u64, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
-/// The hasher of [`KeyMap`]: a `u64` is its own hash (other input, which a `KeyMap`
-/// never hashes, is folded in byte by byte).
+/// The hasher of [`KeyMap`], and of any map whose keys are uniform 64-bit hashes already:
+/// a `u64` is its own hash (other input, which such a map never hashes, is folded in byte
+/// by byte).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct KeyHasher(u64);
 

@@ -85,25 +85,9 @@ fn hash(metric: &Metric, values: &[&str]) -> u64 {
     h.finish()
 }
 
-/// The cache's keys are hashes already.
-#[derive(Default)]
-struct Identity(u64);
-
-impl Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type Cache = hashbrown::HashMap<u64, Resolved, std::hash::BuildHasherDefault<Identity>>;
+/// The cache's keys are hashes already: each is its own hash.
+type Cache =
+    hashbrown::HashMap<u64, Resolved, std::hash::BuildHasherDefault<crate::endpoint::KeyHasher>>;
 
 /// Runs `f` with the metrics state, the series' slot in the recorder and this VM's
 /// Envoy stat id for the (capped) labels.
