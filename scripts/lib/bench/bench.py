@@ -9,14 +9,14 @@ bench-results/<UTC timestamp>-<subcommand>.md (common.write_result).
   bench.py slo [--command TEXT] [slo-sim's own options]
   bench.py breakdown [--command TEXT] [--candidate-wasm PATH [--candidate-label TEXT]]
                      [host-calls' own options]
-  bench.py autoscale|soak|ladder|footprint|slo-envoy [--command TEXT] [that benchmark's own options]
+  bench.py autoscale|soak|ladder|prices|footprint|slo-envoy [--command TEXT] [that benchmark's own options]
 
 Every subcommand but quality-sim accepts every option (scripts/bench all passes the same
 options to overhead, sched and quality) and uses the ones that concern it. Called by
 scripts/bench after it has built everything; not meant to be run directly.
 
 The benchmarks: overhead.py, quality.py, prefix_cache.py, sched.py, overload.py, flow_control_bench.py,
-quality_sim.py, slo_sim.py, slo_envoy.py, breakdown.py, ladder.py, footprint.py; what they share: common.py.
+quality_sim.py, slo_sim.py, slo_envoy.py, breakdown.py, ladder.py, prices.py, footprint.py; what they share: common.py.
 """
 import argparse
 import sys
@@ -30,6 +30,7 @@ import flow_control_bench
 import footprint
 import overhead
 import overload
+import prices
 import prefix_cache
 import quality
 import quality_sim
@@ -204,14 +205,14 @@ def parse(argv):
     if argv and argv[0] == "breakdown":
         command, o = breakdown_options(argv[1:])
         return "breakdown", command, breakdown, o
-    if argv and argv[0] in ("autoscale", "soak", "ladder", "footprint", "slo-envoy"):
+    if argv and argv[0] in ("autoscale", "soak", "ladder", "prices", "footprint", "slo-envoy"):
         rest = list(argv[1:])
         command = f"scripts/bench {argv[0]}"
         if "--command" in rest:
             i = rest.index("--command")
             command = rest[i + 1]
             del rest[i:i + 2]
-        module = {"autoscale": autoscale, "soak": soak, "ladder": ladder, "footprint": footprint,
+        module = {"autoscale": autoscale, "soak": soak, "ladder": ladder, "prices": prices, "footprint": footprint,
                   "slo-envoy": slo_envoy}[argv[0]]
         return argv[0], command, module, module.options(rest)
     if argv and argv[0] == "quality-sim":

@@ -14,9 +14,17 @@ Sides, each its own Envoy (same bootstrap, `--concurrency 2`) in front of the sa
 - `filter (default)`: this build, default configuration;
 - with --candidate-wasm, another build of the whole filter.
 The feature builds go to target/ladder-*/ (benchmark only, never shipped).
+
+With --perf, each side's measured requests of the last round are also sampled with
+`perf record` (Debian's linux-perf), and the CPU is split by where it ran: the module's
+code compiled by V8 (perf's `[JIT]`), Envoy's binary (Envoy with V8's runtime and the
+host functions; stripped, so not by function), the kernel, libc.
 """
 import argparse
 import os
+import re
+import shutil
+import signal
 import statistics
 import subprocess
 
@@ -36,7 +44,37 @@ def options(argv):
     p.add_argument("--prompt-tokens", type=int, default=0,
                    help="prompts of about this many tokens, nearly all distinct (1,000 groups x 1,000 "
                         "questions), instead of the 80-token prompts of 8 x 8 [0 = 80-token]")
-    return p.parse_args(argv)
+    p.add_argument("--perf", action="store_true",
+                   help="split each side's CPU by where it ran (module code, Envoy, kernel) with perf record")
+    o = p.parse_args(argv)
+    if o.perf and not shutil.which("perf"):
+        raise SystemExit("bench: --perf needs perf (Debian: apt-get install linux-perf)")
+    return o
+
+
+# Where a sample ran, by perf's DSO name.
+PLACES = [("module (V8 JIT)", lambda dso: dso.startswith("[JIT]")), ("Envoy", lambda dso: dso == "envoy"),
+          ("kernel", lambda dso: dso.startswith("[kernel")), ("libc", lambda dso: dso.startswith("libc"))]
+
+
+def perf_start(pid, path):
+    return subprocess.Popen(["perf", "record", "-F", "2999", "-o", path, "-p", str(pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def perf_split(perf, path):
+    """Shares (0..1) of the samples by place, from `perf report --sort dso`."""
+    perf.send_signal(signal.SIGINT)
+    perf.wait(120)
+    text = subprocess.run(["perf", "report", "-i", path, "--sort", "dso", "--stdio", "-g", "none"],
+                          capture_output=True, text=True, check=True).stdout
+    shares = {place: 0.0 for place, _ in PLACES}
+    shares["other"] = 0.0
+    for m in re.finditer(r"^\s+([\d.]+)%\s+(.+?)\s*$", text, re.M):
+        share, dso = float(m.group(1)) / 100, m.group(2)
+        place = next((name for name, match in PLACES if match(dso)), "other")
+        shares[place] += share
+    return shares
 
 
 def shape(o):
@@ -69,6 +107,7 @@ def run(o, procs):
         sides.append((f"filter ({o.candidate_label})", e, False))
     cpu = {name: [] for name, _, _ in sides}
     rps = {name: [] for name, _, _ in sides}
+    split = {}
     for rnd in range(o.rounds):
         order = sides[rnd % len(sides):] + sides[:rnd % len(sides)]
         for name, envoy, client_routed in order:
@@ -76,9 +115,15 @@ def run(o, procs):
             base = ["--url", envoy.url, *routing, *shape(o), "--no-stream", "--concurrency", str(o.concurrency),
                     "--timeout", "10s", "--seed", str(rnd + 1)]
             loadgen(base + ["--requests", "500"], f"ladder warm-up {name}", 120)
+            sample = o.perf and rnd == o.rounds - 1
+            if sample:
+                path = os.path.join(procs.workdir, f"perf-{len(split)}.data")
+                perf = perf_start(envoy.proc.pid, path)
             before = cpu_seconds(envoy.proc.pid)
             s = loadgen(base + ["--requests", str(o.requests)], f"ladder {name}", 600)
             used = cpu_seconds(envoy.proc.pid) - before
+            if sample:
+                split[name] = (perf_split(perf, path), used / max(s["requests"]["ok"], 1))
             ok = s["requests"]["ok"]
             if ok < o.requests or s["requests"]["failed"]:
                 raise SystemExit(f"bench: ladder side {name}: {ok} of {o.requests} requests succeeded")
@@ -109,4 +154,14 @@ def run(o, procs):
         "(headers classified and stripped, body buffered, read and parsed, one destination header set); "
         "`filter (default)` = this build with `{}`.",
     ]
+    if split:
+        places = [place for place, _ in PLACES] + ["other"]
+        rows = [[name, f"{1e6 * per:.1f}", *(f"{1e6 * per * shares[p]:.1f}" for p in places)]
+                for name, (shares, per) in split.items()]
+        body += "\n\n" + table(["side (last round, sampled)", "Envoy CPU µs/request",
+                                 *(f"{p} µs" for p in places)], rows)
+        notes.append("Split (--perf): `perf record -F 2999 -p ENVOY` over the last round's measured requests, "
+                     "`perf report --sort dso`: each place's share of the samples times that round's CPU per "
+                     "request. `module (V8 JIT)` is the Wasm code V8 compiled (the filter's own instructions); "
+                     "`Envoy` is the Envoy binary, V8's runtime and the host functions included.")
     return Result("Ladder: Envoy CPU per request by stage of the filter", body, notes)
