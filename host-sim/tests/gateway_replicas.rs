@@ -407,3 +407,106 @@ fn near_capacity_four_replicas_with_the_home_filter_keep_one_replicas_hit_rate()
          pool still near capacity?"
     );
 }
+
+// --- A hot group's overflow -----------------------------------------------------------
+
+/// Where a hot prefix group's requests went, per replica (in the order sent), when two
+/// replicas that share nothing route it with the plugin configuration `plugins` (one
+/// profile of the filter `filter` and the three scorers of the default profile, weights
+/// 2 / 2 / 3): 24 requests of one group, 8 a second, alternately through the two
+/// replicas, in front of 8 `vllm-sim` engines of 3 sequences each (h100-llama-8b, about
+/// 2.5 requests a second each), so that the group's first server queues and the rest
+/// must go elsewhere. The run is
+/// bounded in virtual time (the scrapes never stop, so `Sim::run` would not return).
+fn hot_group_routes(filter: Value) -> [Vec<String>; 2] {
+    let eps = endpoints(8);
+    let mut cfg = json!({
+        "pool": {"endpoints": eps},
+        "plugins": [
+            filter,
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "prefix-cache-scorer"},
+        ],
+    });
+    let name = cfg["plugins"][0]["type"].clone();
+    cfg["schedulingProfiles"] = json!([{"name": "default", "plugins": [
+        {"pluginRef": name},
+        {"pluginRef": "queue-scorer", "weight": 2},
+        {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+        {"pluginRef": "prefix-cache-scorer", "weight": 3},
+    ]}]);
+    let cfg = with_scrape_cluster(
+        SimConfig::new(&cfg.to_string())
+            .workers(2)
+            .replicas(2)
+            .seed(1),
+    );
+    let mut sim = sim_serving(cfg, &eps, |a| {
+        VllmConfig::new(a)
+            .profile("h100-llama-8b")
+            .max_num_seqs(3)
+            .max_waiting(1_000)
+            .build()
+    });
+    let ids = sim.add_requests((0..24).map(|q| {
+        let body = json!({"model": MODEL, "prompt": prompt(7, q), "max_tokens": 64,
+            "ignore_eos": true, "stream": false});
+        RequestSpec::post("/v1/completions", body.to_string())
+            .at(ms(1_000 + 125 * q as u64))
+            .to_replica(q % 2)
+    }));
+    assert!(
+        sim.run_until_answered(ms(60_000)).unwrap(),
+        "every request answered within 60 s"
+    );
+    let mut routes = [Vec::new(), Vec::new()];
+    for (q, &id) in ids.iter().enumerate() {
+        let o = sim.outcome(id);
+        assert_eq!(o.status, Some(200), "{}", o.text());
+        routes[q % 2].push(o.endpoint.clone().expect("an endpoint"));
+    }
+    routes
+}
+
+/// The servers a replica's requests went to other than the group's first one, in order of
+/// first use.
+fn overflow(routes: &[String], first: &str) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for e in routes.iter().filter(|e| *e != first) {
+        if !seen.contains(e) {
+            seen.push(e.clone());
+        }
+    }
+    seen
+}
+
+/// With `growWhenQueueing` (a home of one server here, so that the overflow has one
+/// place to go), when the group's server queues, both replicas send the overflow to the
+/// same next server of its rendezvous order, and past that one to the same next: they
+/// read the same servers' queues and compute the same order, without exchanging
+/// anything.
+#[test]
+fn two_replicas_that_never_shared_state_send_a_hot_groups_overflow_to_the_same_second_server() {
+    let routes = hot_group_routes(json!({
+        "type": "rendezvous-home-filter",
+        "parameters": {"homeSize": 1, "growWhenQueueing": true},
+    }));
+    let first = routes[0][0].clone();
+    assert_eq!(
+        routes[1][0], first,
+        "both replicas start on the owner: {routes:?}"
+    );
+    let (a, b) = (overflow(&routes[0], &first), overflow(&routes[1], &first));
+    assert!(
+        !a.is_empty() && !b.is_empty(),
+        "the owner queued and both replicas overflowed: {routes:?}"
+    );
+    assert_eq!(a[0], b[0], "the same second server: {routes:?}");
+    let n = a.len().min(b.len());
+    assert_eq!(
+        a[..n],
+        b[..n],
+        "past it, the same order (one replica may need fewer): {routes:?}"
+    );
+}

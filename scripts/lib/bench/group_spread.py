@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a prefix group's requests went, from quality-sim's QUALITY_SIM_TRACE files.
+"""Where a prefix group's requests went, from quality-sim's --trace files.
 
 usage: scripts/lib/bench/group_spread.py TRACE.csv [FROM_MS TO_MS]
 
@@ -18,7 +18,7 @@ def main():
     lo, hi = (float(sys.argv[2]), float(sys.argv[3])) if len(sys.argv) > 3 else (10_000, 20_000)
     rows = []
     for line in open(path):
-        t, g, r, e, ttft, _ = line.strip().split(",")
+        t, g, r, e, ttft = line.strip().split(",")[:5]
         rows.append((float(t), int(g), int(r), e, float(ttft)))
     rows.sort()
     per_group = collections.defaultdict(set)

@@ -48,10 +48,18 @@
 //! within the feedback's tolerance (`--filter-config` with `cachedTokensFeedback: false`
 //! measures the uncorrected index).
 //!
-//! With `QUALITY_SIM_TRACE=PREFIX` in the environment, each run also writes every request
-//! (warm-up included) to `PREFIX-SIDE-REPLICAS-QPS.csv`: sent at (ms), prompt group,
-//! replica, server, TTFT and time to dispatch (ms, −1 when none), to see where a prefix
-//! group's requests went.
+//! With `--trace PREFIX` (or `QUALITY_SIM_TRACE=PREFIX` in the environment), each run also
+//! writes every request (warm-up included) to `PREFIX-SIDE-REPLICAS-QPS.csv`, one line
+//! each: sent at (ms), prompt group, replica, server, TTFT and time to dispatch (ms, −1
+//! when none), then the prompt tokens the server reported cached, whether the request was
+//! in the measured window (1/0), the group's first and second rendezvous owners (the
+//! filter's own key and owner functions over every server, as the prior computes them),
+//! and the servers' state at the last 10 ms sample before the dispatch (the filter reads
+//! a scrape up to `refreshInterval` older): the owner's running / waiting / KV usage, the
+//! chosen server's running / waiting, and the pool's mean waiting. The sampling steps
+//! the simulation in 10 ms slices; the results are the same as without it.
+//! `scripts/lib/bench/group_spread.py` and `scripts/lib/bench/slow_tenth.py` read these
+//! files (where a group's requests went; what the slowest tenth were).
 //!
 //! `cargo run --release -p tests --features virtual --bin quality-sim -- --help`
 
@@ -98,7 +106,10 @@ const HELP: &str = "quality-sim: routing quality in virtual time (host-sim + vll
   --seed N               [1]
   --check-invariants B   [false] run host-sim's invariants after every event (slower;
                          the end-of-run checks always run)
-  --json FILE            also write the results as JSON";
+  --json FILE            also write the results as JSON
+  --trace PREFIX         write every request of each run to PREFIX-SIDE-REPLICAS-QPS.csv:
+                         group, replica, server, TTFT, cached tokens, the group's rendezvous
+                         owners and the servers' state at dispatch (see the module docs)";
 
 /// The command line.
 struct Args {
@@ -123,6 +134,8 @@ struct Args {
     seed: u64,
     json: Option<String>,
     check_invariants: bool,
+    /// `--trace`: the per-request CSV files' prefix.
+    trace: Option<String>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -156,6 +169,7 @@ fn parse_args() -> anyhow::Result<Args> {
         seed: 1,
         json: None,
         check_invariants: false,
+        trace: std::env::var("QUALITY_SIM_TRACE").ok(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -216,6 +230,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--seed" => a.seed = v.parse().map_err(|e| bad(&e))?,
             "--check-invariants" => a.check_invariants = v.parse().map_err(|e| bad(&e))?,
             "--json" => a.json = Some(v),
+            "--trace" => a.trace = Some(v),
             _ => anyhow::bail!("unknown flag {flag} (see --help)"),
         }
     }
@@ -401,6 +416,7 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
     let mut workload = Workload::new(a.spec.clone(), a.seed);
     let mut specs = Vec::new();
     let mut groups = Vec::new();
+    let mut owners = Vec::new();
     for (i, at) in Arrivals::new(qps, a.seed).enumerate() {
         let t = start + at.as_nanos() as Nanos;
         if t >= end {
@@ -408,6 +424,9 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         }
         let r = workload.next_request(i as u64);
         groups.push(r.group);
+        if a.trace.is_some() {
+            owners.push(rendezvous_owners(&r.body, &eps));
+        }
         let mut spec =
             RequestSpec::post("/v1/completions", r.body)
                 .at(t)
@@ -440,7 +459,8 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
             (q + m.prefix_cache_queries, h + m.prefix_cache_hits)
         })
     };
-    sim.run_until(measure_from)?;
+    let mut samples = a.trace.as_ref().map(|_| Vec::new());
+    run_sampled(&mut sim, measure_from, &servers, samples.as_mut())?;
     let before = counters(&servers);
     // The gateways the measured traffic goes through.
     let measured: Vec<usize> = if a.cold_gateway {
@@ -464,7 +484,7 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
     while t < end {
         t += 100 * MS;
         step += 1;
-        sim.run_until(t)?;
+        run_sampled(&mut sim, t, &servers, samples.as_mut())?;
         in_flight.push(eps.iter().map(|e| sim.in_flight(e)).sum::<u64>());
         if step.is_multiple_of(5) {
             waiting.push(
@@ -531,24 +551,18 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         last_finish = last_finish.max(o.finished_at.unwrap_or(0));
     }
     r.window_s = (last_finish - measure_from) as f64 / SEC as f64;
-    if let Ok(path) = std::env::var("QUALITY_SIM_TRACE") {
-        use std::io::Write;
-        let mut f = std::fs::File::create(format!(
-            "{path}-{}-{replicas}-{qps}.csv",
-            side.rsplit('/').next().unwrap_or(side)
-        ))?;
-        for o in sim.outcomes() {
-            writeln!(
-                f,
-                "{},{},{},{},{},{}",
-                ms(o.sent_at),
-                groups.get(o.id).copied().unwrap_or(0),
-                o.replica,
-                o.endpoint.as_deref().unwrap_or("-"),
-                o.first_token_at.map_or(-1.0, |t| ms(t - o.sent_at)),
-                o.dispatched_at.map_or(-1.0, |t| ms(t - o.sent_at)),
-            )?;
-        }
+    if let Some(path) = &a.trace {
+        write_trace(
+            &format!(
+                "{path}-{}-{replicas}-{qps}.csv",
+                side.rsplit('/').next().unwrap_or(side)
+            ),
+            &sim,
+            &eps,
+            &groups,
+            &owners,
+            samples.as_deref().unwrap_or_default(),
+        )?;
     }
     let (q, h) = (after.0 - before.0, after.1 - before.1);
     r.hit_rate = (q > 0).then(|| h as f64 / q as f64);
@@ -558,6 +572,135 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         .collect();
     r.wall_s = wall.elapsed().as_secs_f64();
     Ok(r)
+}
+
+/// The servers' state at one moment of a traced run: per server (running, waiting, KV
+/// usage 0..1).
+struct Sample {
+    at: Nanos,
+    servers: Vec<(usize, usize, f64)>,
+}
+
+/// Runs `sim` to `to`; with `samples`, in 10 ms slices, recording the servers' state after
+/// each (the simulation is event-driven: the slices change no outcome).
+fn run_sampled(
+    sim: &mut Sim,
+    to: Nanos,
+    servers: &[Rc<RefCell<VllmUpstream>>],
+    samples: Option<&mut Vec<Sample>>,
+) -> anyhow::Result<()> {
+    let Some(samples) = samples else {
+        return sim.run_until(to);
+    };
+    let slice = 10 * MS;
+    let mut t = (sim.now() / slice + 1) * slice;
+    while t <= to {
+        sim.run_until(t)?;
+        samples.push(Sample {
+            at: t,
+            servers: servers
+                .iter()
+                .map(|s| {
+                    let snap = s.borrow().snapshot();
+                    (snap.running, snap.waiting, snap.kv_usage)
+                })
+                .collect(),
+        });
+        t += slice;
+    }
+    sim.run_until(to)
+}
+
+/// The first and second rendezvous owners (indices into `eps`) of a request body's prompt,
+/// as the filter's prior computes them: its own prompt hashing (the servers' 16-token
+/// blocks, 4 characters a token) and its key of the first 8 blocks.
+fn rendezvous_owners(body: &str, eps: &[String]) -> [Option<usize>; 2] {
+    use epp_filter::prefix::{hash::hash_prompt, rendezvous};
+    let body: Value = serde_json::from_str(body).unwrap_or_default();
+    let prompt = body["prompt"].as_str().unwrap_or_default();
+    let model = body["model"].as_str().unwrap_or_default();
+    let hashes = hash_prompt(model, None, prompt.as_bytes(), 64, 256);
+    rendezvous::key(8, &hashes).map_or([None; 2], |key| {
+        rendezvous::owners::<2>(key, eps.iter().map(String::as_str))
+    })
+}
+
+/// `--trace`: one line per request (the module docs list the columns).
+fn write_trace(
+    file: &str,
+    sim: &Sim,
+    eps: &[String],
+    groups: &[u32],
+    owners: &[[Option<usize>; 2]],
+    samples: &[Sample],
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let ms = |n: Nanos| n as f64 / MS as f64;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(file)?);
+    let name = |i: Option<usize>| i.and_then(|i| eps.get(i)).map_or("-", String::as_str);
+    for o in sim.outcomes() {
+        let [first, second] = owners.get(o.id).copied().unwrap_or([None; 2]);
+        let server = o
+            .endpoint
+            .as_deref()
+            .and_then(|e| eps.iter().position(|x| x == e));
+        // The servers' state at the last sample before the dispatch (or the send).
+        let at = o.dispatched_at.unwrap_or(o.sent_at);
+        let sample = samples
+            .partition_point(|s| s.at <= at)
+            .checked_sub(1)
+            .and_then(|i| samples.get(i));
+        let state = |i: Option<usize>| {
+            sample
+                .zip(i)
+                .and_then(|(s, i)| s.servers.get(i))
+                .copied()
+                .unwrap_or((0, 0, 0.0))
+        };
+        let (own_run, own_wait, own_kv) = state(first);
+        let (srv_run, srv_wait, _) = state(server);
+        let mean_wait = sample.map_or(0.0, |s| {
+            s.servers.iter().map(|x| x.1 as f64).sum::<f64>() / s.servers.len().max(1) as f64
+        });
+        writeln!(
+            f,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{},{:.2}",
+            ms(o.sent_at),
+            groups.get(o.id).copied().unwrap_or(0),
+            o.replica,
+            o.endpoint.as_deref().unwrap_or("-"),
+            o.first_token_at.map_or(-1.0, |t| ms(t - o.sent_at)),
+            o.dispatched_at.map_or(-1.0, |t| ms(t - o.sent_at)),
+            cached_tokens(&o.body),
+            u8::from(o.label == "measure"),
+            name(first),
+            name(second),
+            own_run,
+            own_wait,
+            own_kv,
+            srv_run,
+            srv_wait,
+            mean_wait,
+        )?;
+    }
+    Ok(())
+}
+
+/// Prompt tokens the server reported cached (`usage.prompt_tokens_details.cached_tokens`
+/// of the last chunk that has a `usage`; 0 when none).
+fn cached_tokens(body: &[u8]) -> u64 {
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["usage"].is_object())
+        .map(|v| {
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .next_back()
+        .unwrap_or(0)
 }
 
 /// With `--replica-weights`: the replica of connection `connection`, drawn in proportion
