@@ -218,9 +218,14 @@ impl Context for Http {
             return true;
         }
         self.release();
-        // The request's counter updates reach Envoy's stats now, summed (its running
-        // gauges' +1 and -1 cancel out: no host call for them).
-        stats::flush();
+        // Counter and gauge updates reach Envoy's stats summed (a request's running
+        // gauges' +1 and -1 cancel out: no host call for them): now when this VM holds no
+        // other request, so Envoy's stats are exact whenever it is idle; else with the
+        // updates of the requests still in hand, at the next one that leaves the VM idle
+        // or the next tick, whichever comes first.
+        if vm::with(|vm| vm.running.is_empty() && vm.parked.is_empty()).unwrap_or(true) {
+            stats::flush();
+        }
         true
     }
 }

@@ -7,9 +7,11 @@
 //!
 //! Counter and gauge updates reach Envoy summed ([`flush`]: the sum of the increments,
 //! or the last value set, one host call per stat that changed) when a request ends and
-//! on the tick, instead of one host call per update: a request's running gauges go up
-//! and down again with no host call at all. Histogram observations are recorded as they
-//! happen.
+//! leaves its VM with no other request in hand, and on the tick, instead of one host call
+//! per update: a request's running gauges go up and down again with no host call at all,
+//! and under load the updates of many requests go in one call per stat (Envoy's stats
+//! are then at most one tick behind; exact whenever the VM is idle). Histogram
+//! observations are recorded as they happen.
 
 use super::{host, store::HostStore, vm};
 use crate::metrics::exposition;
