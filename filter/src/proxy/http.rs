@@ -263,9 +263,10 @@ impl HttpContext for Http {
         }
         self.fairness_id = classified.fairness_id;
         self.objective = classified.objective;
-        self.slo_ttft_ms = slo_deadline::parse_header(headers.first(&SLO_TTFT));
+        let ttft = headers.first(&SLO_TTFT);
+        self.slo_ttft_ms = slo_deadline::parse_header(ttft);
         self.slo = Slo {
-            ttft_ms: Slo::parse(headers.first(&SLO_TTFT)),
+            ttft_ms: Slo::parse(ttft),
             tpot_ms: Slo::parse(headers.first(&SLO_TPOT)),
         };
         self.prediction_based = slo_aware::parse_headers(
