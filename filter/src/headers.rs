@@ -78,6 +78,9 @@ pub const GATEWAY_OWNED: [&str; 17] = [
 /// copy only for one that is not UTF-8, with the invalid bytes replaced).
 pub struct HeaderMap<'a> {
     pairs: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    /// Bit `n % 64` set for every name of `n` bytes: most names looked up are absent,
+    /// and most of those are told so by their length without a pass over the pairs.
+    lengths: u64,
 }
 
 impl<'a> HeaderMap<'a> {
@@ -92,31 +95,57 @@ impl<'a> HeaderMap<'a> {
             usize::try_from(v).ok()
         };
         let Some(count) = u32_at(0) else {
-            return Self { pairs: Vec::new() };
+            return Self {
+                pairs: Vec::new(),
+                lengths: 0,
+            };
         };
         // Sized once (a pair takes at least 10 bytes of the buffer, so a bogus count
         // cannot reserve more than the buffer could hold).
         let mut pairs = Vec::with_capacity(count.min(bytes.len() / 10));
         let mut data = count.saturating_mul(8).saturating_add(4);
+        // Names and values are checked as UTF-8 in one pass over all of them (each
+        // then borrowed as it is when it starts and ends on a character boundary),
+        // one at a time only when that fails.
+        let first = data;
+        let text = bytes.get(first..).and_then(|b| std::str::from_utf8(b).ok());
+        let piece = |at: usize, raw: &'a [u8]| -> Cow<'a, str> {
+            let within = at.checked_sub(first).zip(at.checked_add(raw.len()));
+            match (text, within) {
+                (Some(t), Some((from, end))) => match t.get(from..end - first) {
+                    Some(s) => Cow::Borrowed(s),
+                    None => String::from_utf8_lossy(raw),
+                },
+                _ => String::from_utf8_lossy(raw),
+            }
+        };
+        let mut lengths = 0;
         for n in 0..count {
             let at = 4 + n * 8;
             let (Some(k), Some(v)) = (u32_at(at), u32_at(at + 4)) else {
                 break;
             };
+            let key_at = data;
             let key = bytes.get(data..data.saturating_add(k));
             data = data.saturating_add(k).saturating_add(1);
+            let value_at = data;
             let value = bytes.get(data..data.saturating_add(v));
             data = data.saturating_add(v).saturating_add(1);
             let (Some(key), Some(value)) = (key, value) else {
                 break;
             };
-            pairs.push((String::from_utf8_lossy(key), String::from_utf8_lossy(value)));
+            let key = piece(key_at, key);
+            lengths |= length_bit(&key);
+            pairs.push((key, piece(value_at, value)));
         }
-        Self { pairs }
+        Self { pairs, lengths }
     }
 
     /// The first value of header `name` (names are lower case, as Envoy gives them).
     pub fn get(&self, name: &str) -> Option<&str> {
+        if self.lengths & length_bit(name) == 0 {
+            return None;
+        }
         self.pairs
             .iter()
             .find(|(k, _)| k == name)
@@ -138,12 +167,29 @@ impl<'a> HeaderMap<'a> {
         self.pairs.is_empty()
     }
 
-    /// The gateway-owned headers present (to strip before upstream).
+    /// The gateway-owned headers present (to strip before upstream), in the order of
+    /// [`GATEWAY_OWNED`]. One pass over the pairs: every gateway-owned name starts with
+    /// `x-`, so most of a request's headers are passed over on their first bytes.
     pub fn gateway_owned(&self) -> impl Iterator<Item = &'static str> + '_ {
+        let mut present = 0u32;
+        for (k, _) in &self.pairs {
+            if k.starts_with("x-") {
+                if let Some(i) = GATEWAY_OWNED.iter().position(|name| k.as_ref() == *name) {
+                    present |= 1 << i;
+                }
+            }
+        }
         GATEWAY_OWNED
             .into_iter()
-            .filter(|name| self.get(name).is_some())
+            .enumerate()
+            .filter(move |(i, _)| present & (1 << i) != 0)
+            .map(|(_, name)| name)
     }
+}
+
+/// The bit of [`HeaderMap::lengths`] for `name`.
+fn length_bit(name: &str) -> u64 {
+    1 << (name.len() % 64)
 }
 
 /// Test helpers: header maps in the proxy-wasm pair encoding.
@@ -206,6 +252,16 @@ mod tests {
         bytes[at] = 0xff;
         let h = HeaderMap::decode(&bytes);
         assert_eq!(h.get("x-gateway-inference-fairness-id"), Some("\u{fffd}b"));
+        // The others around it read as they are.
+        let mut bytes = encode(&[("a", "é"), ("x-tenant", "ab"), ("z", "ü")]);
+        let at = bytes.len() - 8;
+        assert_eq!(bytes[at], b'a');
+        bytes[at] = 0xff;
+        let h = HeaderMap::decode(&bytes);
+        assert_eq!(
+            (h.get("a"), h.get("x-tenant"), h.get("z")),
+            (Some("é"), Some("\u{fffd}b"), Some("ü"))
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]
@@ -227,12 +283,31 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn lists_the_gateway_owned_headers_a_client_sent() {
         let h = map(&[
+            ("x-llm-d-model-name-rewrite", "m"),
             ("x-gateway-destination-endpoint", "10.0.0.1:80"),
             ("content-type", "application/json"),
-            ("x-llm-d-model-name-rewrite", "m"),
+            ("x-gateway-destination-endpoint", "10.0.0.2:80"),
+            ("x-request-id", "r"),
         ]);
         let owned: Vec<&str> = h.gateway_owned().collect();
-        assert_eq!(owned, vec![DESTINATION, MODEL_REWRITE[1]]);
+        assert_eq!(
+            owned,
+            vec![DESTINATION, MODEL_REWRITE[1]],
+            "each once, in order"
+        );
+        assert_eq!(map(&[(":path", "/")]).gateway_owned().count(), 0);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn names_of_the_same_length_are_told_apart() {
+        let long = "x".repeat(65);
+        let h = map(&[("content-type", "a"), (&long, "b"), ("y", "c")]);
+        assert_eq!(h.get("x-request-id"), None, "12 bytes, as content-type");
+        assert_eq!(h.get("content-type"), Some("a"));
+        assert_eq!(h.get(&long), Some("b"));
+        assert_eq!(h.get("x"), None, "1 byte, 65 modulo 64");
+        assert_eq!(h.get("y"), Some("c"));
+        assert_eq!(h.get("x-slo-ttft-ms"), None);
     }
 
     #[wasm_bindgen_test(unsupported = test)]

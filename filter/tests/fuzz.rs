@@ -28,8 +28,10 @@ use epp_filter::config::{Classification, PassiveHealth};
 use epp_filter::datalayer::discovery::{parse_clusters, Discovered, DISCOVERED_KEY};
 use epp_filter::datalayer::lease::{holder, try_acquire, Lease, LEASE_KEY};
 use epp_filter::datalayer::prometheus;
-use epp_filter::datalayer::snapshot::{pool_stats, Snapshots, SNAPSHOTS_KEY};
+use epp_filter::datalayer::snapshot::{decode_version, Snapshots};
+use epp_filter::datalayer::Members;
 use epp_filter::endpoint::Candidate;
+use epp_filter::endpoint::Endpoint;
 use epp_filter::flow_control::config::FlowControlConfig;
 use epp_filter::flow_control::state::{FlowRef, FlowState, Head, STATE_KEY};
 use epp_filter::headers::HeaderMap;
@@ -350,11 +352,21 @@ fn shared_records(input: &[u8]) {
             }
         }
         3 => {
-            s.set(SNAPSHOTS_KEY, bytes, 0).unwrap();
-            if let Ok(Some(snap)) = read::<Snapshots>(&s, SNAPSHOTS_KEY) {
-                let _ = pool_stats(&snap.endpoints, now);
-                for e in &snap.endpoints {
-                    let _ = e.metrics();
+            // A corrupt snapshot record (or version), read as a picking VM reads it.
+            let _ = decode_version(bytes);
+            if let Some(snap) = Snapshots::decode(bytes.to_vec()) {
+                let eps: Vec<Endpoint> = ["10.0.0.1:8000", "10.0.0.2:8000"]
+                    .map(|a| Endpoint {
+                        address: a.into(),
+                        labels: Default::default(),
+                    })
+                    .into();
+                let mut members = Members::new(&eps, &[], None);
+                let mut list = members.candidates(&eps, &[], &snap);
+                let _ = members.refresh(&mut list, &snap);
+                let _ = members.loads(&snap);
+                for e in snap.entries() {
+                    let _ = (e.metrics(), snap.get(e.key()));
                 }
             }
         }

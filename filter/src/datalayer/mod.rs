@@ -15,21 +15,10 @@ pub mod prometheus;
 pub mod snapshot;
 pub mod source;
 
-use crate::endpoint::Endpoint;
 use crate::endpoint::KeyMap;
-use crate::endpoint::{other_requests, Candidate};
+use crate::endpoint::{other_requests, Candidate, Endpoint};
 use crate::flow_control::saturation::EndpointLoad;
-use snapshot::EndpointSnapshot;
-
-/// The latest snapshot of each endpoint, by its key (`crate::endpoint::key`).
-pub type Snapshots = KeyMap<EndpointSnapshot>;
-
-/// [`Snapshots`] of a published list.
-pub fn by_key(list: Vec<EndpointSnapshot>) -> Snapshots {
-    list.into_iter()
-        .map(|s| (crate::endpoint::key(&s.address), s))
-        .collect()
-}
+pub use snapshot::Snapshots;
 
 /// Default scrape period (the reference's `--refresh-metrics-interval`).
 pub const DEFAULT_INTERVAL_MS: u64 = 50;
@@ -110,26 +99,11 @@ pub fn candidates(
     snapshots: &Snapshots,
     subset: Option<&[String]>,
 ) -> Vec<Candidate> {
-    let mut out: Vec<Candidate> = Vec::with_capacity(static_endpoints.len() + discovered.len());
-    let mut seen: KeyMap<()> = KeyMap::with_capacity_and_hasher(out.capacity(), Default::default());
-    for e in static_endpoints.iter().chain(discovered) {
-        let key = crate::endpoint::key(&e.address);
-        if !subset_allows(subset, &e.address) || seen.insert(key, ()).is_some() {
-            continue;
-        }
-        let snap = snapshots.get(&key);
-        if snap.is_some_and(|s| s.failing) {
-            continue;
-        }
-        out.push(Candidate {
-            address: e.address.clone(),
-            key,
-            labels: e.labels.clone(),
-            metrics: snap.map(EndpointSnapshot::metrics).unwrap_or_default(),
-            ..Candidate::default()
-        });
-    }
-    out
+    Members::new(static_endpoints, discovered, subset).candidates(
+        static_endpoints,
+        discovered,
+        snapshots,
+    )
 }
 
 /// The scraped load of every pool endpoint (static then discovered, each once, within the
@@ -141,26 +115,143 @@ pub fn endpoint_loads(
     snapshots: &Snapshots,
     subset: Option<&[String]>,
 ) -> Vec<EndpointLoad> {
-    let mut seen: hashbrown::HashSet<u64> = hashbrown::HashSet::new();
-    static_endpoints
-        .iter()
-        .chain(discovered)
-        .map(|e| (e, crate::endpoint::key(&e.address)))
-        .filter(|(e, key)| subset_allows(subset, &e.address) && seen.insert(*key))
-        .map(|(_, key)| match snapshots.get(&key) {
-            Some(s) if !s.failing && s.updated_ms != 0 => {
-                EndpointLoad::scraped(s.waiting, s.kv_usage, Some(s.updated_ms))
-                    .with_other_requests(other_requests(s.running, s.waiting, s.gateway_in_flight))
-                    .with_own_at_scrape(s.gateway_in_flight)
+    Members::new(static_endpoints, discovered, subset).loads(snapshots)
+}
+
+/// The pool's endpoints as the view reads them: static then discovered, each once,
+/// within a subset hint, by key. Kept while the endpoints stay the same, so that a new
+/// publication of the snapshots is read without hashing an address again, and each
+/// endpoint's entry is found where it was in the previous record.
+#[derive(Debug, Clone, Default)]
+pub struct Members {
+    list: Vec<Member>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    key: u64,
+    /// Its position in the static endpoints followed by the discovered ones.
+    at: usize,
+    /// Where its entry was in the last snapshots read (a hint).
+    slot: usize,
+}
+
+impl Members {
+    /// The endpoints of `static_endpoints` then `discovered`, each once, within `subset`.
+    pub fn new(
+        static_endpoints: &[Endpoint],
+        discovered: &[Endpoint],
+        subset: Option<&[String]>,
+    ) -> Self {
+        let n = static_endpoints.len() + discovered.len();
+        let mut seen: KeyMap<()> = KeyMap::with_capacity_and_hasher(n, Default::default());
+        let list = static_endpoints
+            .iter()
+            .chain(discovered)
+            .enumerate()
+            .filter(|(_, e)| subset_allows(subset, &e.address))
+            .map(|(at, e)| Member {
+                key: crate::endpoint::key(&e.address),
+                at,
+                slot: usize::MAX,
+            })
+            .filter(|m| seen.insert(m.key, ()).is_none())
+            .collect();
+        Self { list }
+    }
+
+    /// The endpoints' snapshots, each looked for where it was last time.
+    fn entries<'s>(
+        &mut self,
+        snapshots: &'s Snapshots,
+    ) -> impl Iterator<Item = (Member, Option<snapshot::Entry<'s>>)> + use<'_, 's> {
+        self.list.iter_mut().map(|m| {
+            let found = snapshots.find(m.key, m.slot);
+            if let Some((slot, _)) = found {
+                m.slot = slot;
             }
-            _ => EndpointLoad::UNKNOWN,
+            (*m, found.map(|(_, e)| e))
         })
-        .collect()
+    }
+
+    /// The candidates: the endpoints whose last scrape did not fail, with their metrics
+    /// (`static_endpoints` and `discovered` are the lists these members were made of).
+    pub fn candidates(
+        &mut self,
+        static_endpoints: &[Endpoint],
+        discovered: &[Endpoint],
+        snapshots: &Snapshots,
+    ) -> Vec<Candidate> {
+        let mut out = Vec::with_capacity(self.list.len());
+        for (m, snap) in self.entries(snapshots) {
+            if snap.is_some_and(|s| s.failing()) {
+                continue;
+            }
+            let endpoint = static_endpoints.get(m.at).or_else(|| {
+                m.at.checked_sub(static_endpoints.len())
+                    .and_then(|i| discovered.get(i))
+            });
+            let Some(e) = endpoint else { continue };
+            out.push(Candidate {
+                address: e.address.clone(),
+                key: m.key,
+                labels: e.labels.clone(),
+                metrics: snap.map(|s| s.metrics()).unwrap_or_default(),
+                ..Candidate::default()
+            });
+        }
+        out
+    }
+
+    /// Brings `list`, which [`Members::candidates`] made from these members, to `snapshots`
+    /// in place: the same as making it again, without allocating. `false` when the
+    /// candidates are no longer the same endpoints in the same order (one failing now or
+    /// answering again, or the list reordered): then nothing is guaranteed about `list`,
+    /// which must be made again.
+    pub fn refresh(&mut self, list: &mut [Candidate], snapshots: &Snapshots) -> bool {
+        let mut next = list.iter_mut();
+        for (m, snap) in self.entries(snapshots) {
+            if snap.is_some_and(|s| s.failing()) {
+                continue;
+            }
+            let Some(c) = next.next().filter(|c| c.key == m.key) else {
+                return false;
+            };
+            match snap {
+                Some(s) => s.write_metrics(&mut c.metrics),
+                None => c.metrics = Default::default(),
+            }
+            c.in_flight = 0;
+            c.in_flight_tokens = 0;
+            c.prefilling = 0;
+            c.prefill_tokens = 0;
+        }
+        next.next().is_none()
+    }
+
+    /// The scraped load of every member, as the saturation detectors read it.
+    pub fn loads(&mut self, snapshots: &Snapshots) -> Vec<EndpointLoad> {
+        self.entries(snapshots)
+            .map(|(_, snap)| match snap {
+                Some(s) if !s.failing() && s.updated_ms() != 0 => {
+                    EndpointLoad::scraped(s.waiting(), s.kv_usage(), Some(s.updated_ms()))
+                        .with_other_requests(other_requests(
+                            s.running(),
+                            s.waiting(),
+                            s.gateway_in_flight(),
+                        ))
+                        .with_own_at_scrape(s.gateway_in_flight())
+                }
+                _ => EndpointLoad::UNKNOWN,
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use snapshot::EndpointSnapshot;
     use std::collections::BTreeMap;
     use wasm_bindgen_test::wasm_bindgen_test;
 
@@ -171,36 +262,60 @@ mod tests {
         }
     }
 
+    fn snap(a: &str, waiting: u64, failing: bool) -> EndpointSnapshot {
+        EndpointSnapshot {
+            address: a.into(),
+            waiting,
+            updated_ms: 5,
+            failing,
+            ..EndpointSnapshot::default()
+        }
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn failing_endpoints_leave_until_they_answer() {
         let eps = [ep("10.0.0.1:8000"), ep("10.0.0.2:8000")];
-        let mut snaps = Snapshots::default();
-        snaps.insert(
-            crate::endpoint::key("10.0.0.2:8000"),
-            EndpointSnapshot {
-                address: "10.0.0.2:8000".into(),
-                failing: true,
-                ..EndpointSnapshot::default()
-            },
-        );
-        snaps.insert(
-            crate::endpoint::key("10.0.0.1:8000"),
-            EndpointSnapshot {
-                address: "10.0.0.1:8000".into(),
-                waiting: 3,
-                updated_ms: 5,
-                ..EndpointSnapshot::default()
-            },
-        );
-        let c = candidates(&eps, &[], &snaps, None);
+        let mut list = [
+            snap("10.0.0.2:8000", 0, true),
+            snap("10.0.0.1:8000", 3, false),
+        ];
+        let c = candidates(&eps, &[], &Snapshots::of(&list), None);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].metrics.waiting, 3);
         // It answers again.
-        snaps
-            .get_mut(&crate::endpoint::key("10.0.0.2:8000"))
-            .unwrap()
-            .failing = false;
-        assert_eq!(candidates(&eps, &[], &snaps, None).len(), 2);
+        list[0].failing = false;
+        assert_eq!(candidates(&eps, &[], &Snapshots::of(&list), None).len(), 2);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_refresh_in_place_gives_the_list_made_afresh() {
+        let eps: Vec<Endpoint> = (0..6).map(|i| ep(&format!("10.0.0.{i}:8000"))).collect();
+        let discovered = [ep("10.0.0.5:8000"), ep("10.0.0.9:8000")];
+        let round = |t: u64, failing: u64| {
+            let list: Vec<EndpointSnapshot> = (0..10)
+                .filter(|i| *i != 3) // never scraped
+                .map(|i| EndpointSnapshot {
+                    active_models: vec![format!("lora-{}", t % 2)],
+                    ..snap(&format!("10.0.0.{i}:8000"), t + i, i == failing)
+                })
+                .collect();
+            Snapshots::of(&list)
+        };
+        let mut members = Members::new(&eps, &discovered, None);
+        let mut list = members.candidates(&eps, &discovered, &round(1, 99));
+        assert_eq!(list.len(), 7);
+        list[2].in_flight = 4;
+        let next = round(2, 99);
+        assert!(members.refresh(&mut list, &next));
+        assert_eq!(list, candidates(&eps, &discovered, &next, None));
+        // An endpoint failing now, or one answering again: the list is made afresh.
+        assert!(!members.refresh(&mut list, &round(3, 4)));
+        let mut list = members.candidates(&eps, &discovered, &round(3, 4));
+        assert!(!members.refresh(&mut list, &round(4, 99)));
+        // A list reordered (passive health puts ejected endpoints last): made afresh.
+        let mut list = members.candidates(&eps, &discovered, &round(5, 99));
+        list.swap(0, 1);
+        assert!(!members.refresh(&mut list, &round(6, 99)));
     }
 
     #[wasm_bindgen_test(unsupported = test)]
@@ -208,16 +323,7 @@ mod tests {
         let eps = [ep("10.0.0.1:8000"), ep("10.0.0.2:8000")];
         // Discovery also lists a static endpoint: it is one endpoint, not two.
         let discovered = [ep("10.0.0.2:8000"), ep("10.0.0.3:8000")];
-        let mut snaps = Snapshots::default();
-        snaps.insert(
-            crate::endpoint::key("10.0.0.2:8000"),
-            EndpointSnapshot {
-                address: "10.0.0.2:8000".into(),
-                waiting: 9,
-                updated_ms: 5,
-                ..EndpointSnapshot::default()
-            },
-        );
+        let snaps = Snapshots::of(&[snap("10.0.0.2:8000", 9, false)]);
         assert_eq!(endpoint_loads(&eps, &discovered, &snaps, None).len(), 3);
         let only = parse_subset("10.0.0.2:8000");
         let loads = endpoint_loads(&eps, &discovered, &snaps, Some(&only));

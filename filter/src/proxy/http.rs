@@ -218,9 +218,14 @@ impl Context for Http {
             return true;
         }
         self.release();
-        // The request's counter updates reach Envoy's stats now, summed (its running
-        // gauges' +1 and -1 cancel out: no host call for them).
-        stats::flush();
+        // Counter and gauge updates reach Envoy's stats summed (a request's running
+        // gauges' +1 and -1 cancel out: no host call for them): now when this VM holds no
+        // other request, so Envoy's stats are exact whenever it is idle; else with the
+        // updates of the requests still in hand, at the next one that leaves the VM idle
+        // or the next tick, whichever comes first.
+        if vm::with(|vm| vm.running.is_empty() && vm.parked.is_empty()).unwrap_or(true) {
+            stats::flush();
+        }
         true
     }
 }
@@ -258,9 +263,10 @@ impl HttpContext for Http {
         }
         self.fairness_id = classified.fairness_id;
         self.objective = classified.objective;
-        self.slo_ttft_ms = slo_deadline::parse_header(headers.first(&SLO_TTFT));
+        let ttft = headers.first(&SLO_TTFT);
+        self.slo_ttft_ms = slo_deadline::parse_header(ttft);
         self.slo = Slo {
-            ttft_ms: Slo::parse(headers.first(&SLO_TTFT)),
+            ttft_ms: Slo::parse(ttft),
             tpot_ms: Slo::parse(headers.first(&SLO_TPOT)),
         };
         self.prediction_based = slo_aware::parse_headers(

@@ -96,6 +96,8 @@ impl RootContext for Root {
         let runtime = rt.clone();
         vm::with(|vm| {
             vm.runtime = Some(runtime);
+            // The pool's endpoints may differ: the candidates are made afresh.
+            vm.view.forget_pool();
             vm.root_context = root;
             vm.plugin_vm_id = plugin_vm_id;
         });

@@ -11,14 +11,15 @@
 use super::{host, stats, store::HostStore, vm};
 use crate::datalayer::discovery::{parse_clusters, Discovered, DISCOVERED_KEY};
 use crate::datalayer::snapshot::{
-    pool_stats, EndpointSnapshot, Snapshots, Version, SNAPSHOTS_KEY, VERSION_KEY,
+    decode_version, encode_version, pool_stats, EndpointSnapshot, Snapshots, SNAPSHOTS_KEY,
+    VERSION_KEY,
 };
 use crate::datalayer::{lease, mapping, prometheus};
 use crate::endpoint::Endpoint;
 use crate::inflight::{self, endpoint_key};
 use crate::metrics;
 use crate::runtime::Runtime;
-use crate::shared_store::{read, update};
+use crate::shared_store::{update_record, SharedStore};
 use hashbrown::HashMap;
 use prost::Message;
 use std::cell::RefCell;
@@ -258,16 +259,18 @@ pub fn on_response(rt: &Runtime, token: u32, body_size: usize) {
                             gateway_in_flight: in_flight,
                             ..EndpointSnapshot::from_metrics(&address, &m)
                         },
-                        None => EndpointSnapshot {
+                        None => {
                             // Answered but without known metrics: keep it a candidate with
                             // its last values (the reference sets no UpdateTime).
-                            failing: false,
-                            error: "no known metric in the response".into(),
-                            ..previous.unwrap_or_else(|| EndpointSnapshot {
-                                address: address.clone(),
-                                ..EndpointSnapshot::default()
-                            })
-                        },
+                            log::debug!("{address}: no known metric in the response");
+                            EndpointSnapshot {
+                                failing: false,
+                                ..previous.unwrap_or_else(|| EndpointSnapshot {
+                                    address: address.clone(),
+                                    ..EndpointSnapshot::default()
+                                })
+                            }
+                        }
                     }
                 } else {
                     let why = if status.is_empty() {
@@ -280,7 +283,6 @@ pub fn on_response(rt: &Runtime, token: u32, body_size: usize) {
                     }
                     EndpointSnapshot {
                         failing: true,
-                        error: why,
                         ..previous.unwrap_or_else(|| EndpointSnapshot {
                             address: address.clone(),
                             ..EndpointSnapshot::default()
@@ -310,22 +312,23 @@ fn publish(s: &mut Scraper, now: i64) {
     s.dirty = false;
     // The record first, then the version: a reader that sees the new version finds the
     // new record. Only the lease holder writes these keys.
-    let version = read::<Version>(&HostStore, VERSION_KEY)
+    let version = HostStore
+        .get(VERSION_KEY)
         .ok()
         .flatten()
-        .map_or(0, |v| v.version)
+        .and_then(|v| decode_version(&v.bytes))
+        .unwrap_or(0)
         + 1;
-    let mut endpoints: Vec<EndpointSnapshot> = s.results.values().cloned().collect();
-    endpoints.sort_by(|a, b| a.address.cmp(&b.address));
-    let rec = Snapshots {
-        version,
-        published_ms: now,
-        endpoints,
-    };
-    let done = set_key(SNAPSHOTS_KEY, &rec.encode_to_vec()).and_then(|()| {
-        update(&HostStore, VERSION_KEY, |v: &mut Version| {
-            v.version = version
-        })
+    let endpoints: Vec<EndpointSnapshot> = s.results.values().cloned().collect();
+    let rec = Snapshots::encode(version, now, &endpoints);
+    let done = set_key(SNAPSHOTS_KEY, &rec).and_then(|()| {
+        update_record(
+            &HostStore,
+            VERSION_KEY,
+            decode_version,
+            |v| encode_version(*v),
+            |v| *v = version,
+        )
     });
     if let Err(e) = done {
         log::warn!("cannot publish snapshots: {e:?}");
@@ -334,15 +337,14 @@ fn publish(s: &mut Scraper, now: i64) {
 
 fn gauges(rt: &Runtime, s: &mut Scraper, now: i64) {
     let name = rt.pool.name.as_str();
-    let snaps: Vec<EndpointSnapshot> = s.results.values().cloned().collect();
-    let p = pool_stats(&snaps, now);
+    let p = pool_stats(s.results.values(), now);
     super::flow::pool_gauges(rt, now);
     stats::set(&metrics::POOL_READY_PODS, &[name], p.ready);
     stats::set_value(&metrics::POOL_AVERAGE_KV, &[name], p.average_kv);
     stats::set_value(&metrics::POOL_AVERAGE_QUEUE, &[name], p.average_queue);
     stats::set_value(&metrics::POOL_AVERAGE_RUNNING, &[name], p.average_running);
     let mut pods = Vec::new();
-    for e in &snaps {
+    for e in s.results.values() {
         stats::set(&metrics::POOL_PER_POD_QUEUE, &[name, &e.address], e.waiting);
         pods.push(e.address.clone());
     }
