@@ -58,6 +58,17 @@ impl Rng {
             items.swap(i, j);
         }
     }
+
+    /// A partial Fisher-Yates shuffle: the first `n` items become a uniformly random
+    /// ordered sample of all of them (what a whole shuffle puts first), in `n` draws at
+    /// most (none for a position with one choice left).
+    pub fn shuffle_front<T>(&mut self, items: &mut [T], n: usize) {
+        let len = items.len();
+        for i in 0..n.min(len.saturating_sub(1)) {
+            let j = i + self.below(len - i);
+            items.swap(i, j);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -79,6 +90,32 @@ mod tests {
         }
         let f = a.next_f64();
         assert!((0.0..1.0).contains(&f));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_partial_shuffle_puts_every_ordered_sample_first_equally_often() {
+        let mut rng = Rng::new(11);
+        // The ordered pairs of 4 items: 12, each about 1/12 of 12,000 draws.
+        let mut counts = std::collections::BTreeMap::new();
+        for _ in 0..12_000 {
+            let mut items = [0, 1, 2, 3];
+            rng.shuffle_front(&mut items, 2);
+            *counts.entry((items[0], items[1])).or_insert(0u32) += 1;
+            let mut sorted = items;
+            sorted.sort_unstable();
+            assert_eq!(sorted, [0, 1, 2, 3], "a permutation");
+        }
+        assert_eq!(counts.len(), 12, "{counts:?}");
+        assert!(
+            counts.values().all(|c| (850..1150).contains(c)),
+            "{counts:?}"
+        );
+        // Nothing to draw for one item, or for none asked.
+        let mut one = [7];
+        let before = rng.clone().next_u64();
+        rng.shuffle_front(&mut one, 1);
+        rng.shuffle_front(&mut [1, 2, 3], 0);
+        assert_eq!(rng.next_u64(), before, "no draw consumed");
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -2,8 +2,8 @@
 //! scored candidates. More than one gives the fallback list of
 //! `x-gateway-destination-endpoint`.
 //!
-//! * [`max_score`] — `max-score-picker`: shuffle, stable sort by score descending, top N
-//!   (ties broken uniformly at random).
+//! * [`max_score`] — `max-score-picker`: top N by score descending (ties broken
+//!   uniformly at random, drawing only among the tied entries that reach the top N).
 //! * [`random`] — `random-picker`: shuffle, top N.
 //! * [`weighted_random`] — `weighted-random-picker`: A-Res sampling, `key = U^(1/score)`.
 
