@@ -4,7 +4,13 @@
 //! `count`, is what one such call costs in Envoy's V8.
 //!
 //! The plugin configuration is the JSON the bench renders, e.g.
-//! `{"call": "clock", "count": 40, "pool": {...}}`; only `call` and `count` are read.
+//! `{"call": "clock", "count": 40, "pool": {...}}`; only `call`, `count` and `stage` are read.
+//!
+//! Built with the `body` feature it also exports the request-body callback, and `stage`
+//! takes it one step at a time toward what any filter that routes on the body must do
+//! (`scripts/bench prices --stages`): `continue` (the body callback returns at once),
+//! `pause` (the headers wait for the whole body, which is not read), `read` (the body is
+//! read at its end), `set` (and one request header is set from the body callback).
 
 use std::cell::Cell;
 
@@ -49,6 +55,7 @@ extern "C" {
         value: *mut *mut u8,
         value_len: *mut usize,
     ) -> u32;
+    fn proxy_get_buffer_status(kind: u32, len: *mut usize, flags: *mut u32) -> u32;
     fn proxy_get_buffer_bytes(
         kind: u32,
         start: usize,
@@ -77,6 +84,23 @@ const SHARED_BYTES: usize = 700;
 const SHARED_KEY: &[u8] = b"price-probe";
 const PLUGIN_CONFIGURATION: u32 = 7;
 const REQUEST_HEADERS: u32 = 0;
+const REQUEST_BODY: u32 = 0;
+
+/// How far the request path goes toward a filter that routes on the body (`body` builds).
+#[derive(Clone, Copy, PartialEq, PartialOrd)]
+enum Stage {
+    Continue,
+    Pause,
+    Read,
+    Set,
+}
+
+const STAGES: [(&str, Stage); 4] = [
+    ("continue", Stage::Continue),
+    ("pause", Stage::Pause),
+    ("read", Stage::Read),
+    ("set", Stage::Set),
+];
 
 thread_local! {
     static CALL: Cell<Option<usize>> = const { Cell::new(None) };
@@ -84,6 +108,7 @@ thread_local! {
     static COUNTER: Cell<u32> = const { Cell::new(0) };
     static HISTOGRAM: Cell<u32> = const { Cell::new(0) };
     static SINK: Cell<u64> = const { Cell::new(0) };
+    static STAGE: Cell<Stage> = const { Cell::new(Stage::Continue) };
 }
 
 #[no_mangle]
@@ -119,6 +144,10 @@ pub extern "C" fn proxy_on_configure(_root: u32, size: usize) -> u32 {
     release(data, len);
     let call = string_field(&text, "call").and_then(|c| CALLS.iter().position(|k| *k == c));
     let count = number_field(&text, "count").unwrap_or(0);
+    let stage = string_field(&text, "stage")
+        .and_then(|name| STAGES.iter().find(|(n, _)| *n == name))
+        .map_or(Stage::Continue, |(_, stage)| *stage);
+    STAGE.with(|s| s.set(stage));
     CALL.with(|c| c.set(call));
     COUNT.with(|c| c.set(count));
     let (mut counter, mut histogram) = (0, 0);
@@ -162,15 +191,62 @@ fn after_key<'a>(text: &'a str, name: &str) -> Option<&'a str> {
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_request_headers(_context: u32, _headers: u32, _end: u32) -> u32 {
+pub extern "C" fn proxy_on_request_headers(_context: u32, _headers: u32, end: u32) -> u32 {
+    let pause = cfg!(feature = "body") && end == 0 && STAGE.with(Cell::get) >= Stage::Pause;
     let Some(call) = CALL.with(Cell::get) else {
-        return 0;
+        return u32::from(pause);
     };
     let mut sink = 0u64;
     for i in 0..COUNT.with(Cell::get) {
         sink ^= one_call(call, i);
     }
     SINK.with(|s| s.set(s.get() ^ sink));
+    u32::from(pause)
+}
+
+/// `body` builds: buffer the body until its end (from `pause` on), read it (`read`), set
+/// one request header (`set`), then let the request go.
+#[cfg(feature = "body")]
+#[no_mangle]
+pub extern "C" fn proxy_on_request_body(_context: u32, size: usize, end: u32) -> u32 {
+    let stage = STAGE.with(Cell::get);
+    if stage == Stage::Continue {
+        return 0;
+    }
+    if end == 0 {
+        return 1; // StopIterationAndBuffer: wait for the rest
+    }
+    if stage >= Stage::Read {
+        let (mut data, mut len, mut flags) = (std::ptr::null_mut(), 0usize, 0u32);
+        let mut buffered = size;
+        // SAFETY: host calls with valid out-pointers; what Envoy allocates is released.
+        unsafe {
+            proxy_get_buffer_status(REQUEST_BODY, &mut buffered, &mut flags);
+            proxy_get_buffer_bytes(REQUEST_BODY, 0, buffered, &mut data, &mut len);
+        }
+        let first = if data.is_null() || len == 0 {
+            0
+        } else {
+            // SAFETY: Envoy wrote `len` bytes at `data`.
+            u64::from(unsafe { *data })
+        };
+        SINK.with(|s| s.set(s.get() ^ first));
+        release(data, len);
+    }
+    if stage == Stage::Set {
+        let key = b"x-price-probe-destination";
+        let value = b"127.0.0.1:1";
+        // SAFETY: valid pointers and lengths.
+        unsafe {
+            proxy_replace_header_map_value(
+                REQUEST_HEADERS,
+                key.as_ptr(),
+                key.len(),
+                value.as_ptr(),
+                value.len(),
+            )
+        };
+    }
     0
 }
 
