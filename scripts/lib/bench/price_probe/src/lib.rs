@@ -55,6 +55,7 @@ extern "C" {
         value: *mut *mut u8,
         value_len: *mut usize,
     ) -> u32;
+    #[cfg(feature = "body")]
     fn proxy_get_buffer_status(kind: u32, len: *mut usize, flags: *mut u32) -> u32;
     fn proxy_get_buffer_bytes(
         kind: u32,
@@ -84,6 +85,7 @@ const SHARED_BYTES: usize = 700;
 const SHARED_KEY: &[u8] = b"price-probe";
 const PLUGIN_CONFIGURATION: u32 = 7;
 const REQUEST_HEADERS: u32 = 0;
+#[cfg(feature = "body")]
 const REQUEST_BODY: u32 = 0;
 
 /// How far the request path goes toward a filter that routes on the body (`body` builds).
