@@ -48,11 +48,27 @@ pub struct RouteInput {
     pub streaming: bool,
 }
 
-fn failed(target: &str, why: &str) -> Result<String, ApiError> {
+/// A request sent: the primary endpoint, and the series its end updates.
+pub struct Dispatched {
+    /// The primary endpoint.
+    pub endpoint: String,
+    /// The metric series of the request, resolved when it was admitted ([`finished`]).
+    pub series: Option<RequestSeries>,
+}
+
+/// The running gauges a routed request's admission raised and its end lowers, resolved
+/// with the other series of its admission (one lookup by its labels for all of them).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestSeries {
+    running: stats::Series,
+    request_running: stats::Series,
+}
+
+fn failed(target: &str, why: &str) -> Result<Dispatched, ApiError> {
     refused(target, ApiError::unavailable(why))
 }
 
-fn refused(target: &str, error: ApiError) -> Result<String, ApiError> {
+fn refused(target: &str, error: ApiError) -> Result<Dispatched, ApiError> {
     stats::add(
         &metrics::SCHEDULER_ATTEMPTS,
         &["failure", target, "", "", ""],
@@ -71,7 +87,7 @@ pub fn route(
     input: &RouteInput,
     request: Option<&InferenceRequest>,
     tokens: u64,
-) -> Result<String, ApiError> {
+) -> Result<Dispatched, ApiError> {
     let started_ns = host::clock_ns();
     let now = i64::try_from(started_ns / 1_000_000).unwrap_or(0);
     let reparsed;
@@ -201,8 +217,8 @@ pub fn route(
         Routed::None { why, pool } => {
             let filtered_out = !pool.is_empty();
             if rt.pool.fail_open {
-                if let Some(endpoint) = fail_open(vm_id, ctx, rt, pool, input, tokens, now) {
-                    return Ok(endpoint);
+                if let Some(d) = fail_open(vm_id, ctx, rt, pool, input, tokens, now) {
+                    return Ok(d);
                 }
             }
             if filtered_out {
@@ -214,7 +230,15 @@ pub fn route(
     let Some(primary) = targets.first().cloned() else {
         return failed(&input.target, "no model server endpoint is available");
     };
-    let routed = host::set_header(Map::RequestHeaders, DESTINATION, &targets.join(","))
+    // One target (no fallbacks) is the header's whole value: nothing to join.
+    let joined;
+    let destination = if targets.len() == 1 {
+        primary.as_str()
+    } else {
+        joined = targets.join(",");
+        joined.as_str()
+    };
+    let routed = host::set_header(Map::RequestHeaders, DESTINATION, destination)
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &primary));
     if let Err(status) = routed {
         log::error!("cannot set {DESTINATION}: status {status}");
@@ -241,7 +265,7 @@ pub fn route(
         stats::observe(&metrics::PREFIX_INDEXER_HIT_BYTES, &[], bytes);
     }
     stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], outcome.e2e_us);
-    admitted(input, &primary);
+    let series = admitted(input, &primary);
     feedback::dispatched(ctx, expected, request.is_some_and(|r| r.usage_expected));
     if rt.scheduler.latency.is_some() {
         latency::dispatched(
@@ -253,7 +277,10 @@ pub fn route(
             host::clock_us(),
         );
     }
-    Ok(primary)
+    Ok(Dispatched {
+        endpoint: primary,
+        series,
+    })
 }
 
 /// `pool.failOpen`: any healthy endpoint when the scheduler chose none (`pool`: the
@@ -266,7 +293,7 @@ fn fail_open(
     input: &RouteInput,
     tokens: u64,
     now: i64,
-) -> Option<String> {
+) -> Option<Dispatched> {
     let pool: Vec<String> = if pool.is_empty() {
         vm::with(|vm| {
             vm.view.with_candidates(&rt.pool.endpoints, None, |c| {
@@ -286,47 +313,93 @@ fn fail_open(
         return None;
     }
     log::debug!("fail-open: no endpoint was chosen, sending to {pick}");
-    admitted(input, &pick);
-    Some(pick)
+    let series = admitted(input, &pick);
+    Some(Dispatched {
+        endpoint: pick,
+        series,
+    })
 }
 
-fn admitted(input: &RouteInput, endpoint: &str) {
+/// Counts a request sent to `endpoint` (attempt, total, running, size); returns the series
+/// its end updates. Every series a request updates is resolved in one group, keyed by its
+/// label values.
+fn admitted(input: &RouteInput, endpoint: &str) -> Option<RequestSeries> {
     let (model, target) = (input.model.as_str(), input.target.as_str());
     let (pod, namespace, port) = metrics::pod_labels(endpoint);
-    stats::add(
-        &metrics::SCHEDULER_ATTEMPTS,
-        &["success", target, pod, namespace, port],
-        1,
+    let priority = stats::IntLabel::new(input.priority);
+    let (fairness, priority) = (input.fairness_id.as_str(), priority.as_str());
+    let pair: &[&str] = &[model, target];
+    let size = u64::try_from(input.body_bytes).unwrap_or(u64::MAX);
+    let group = stats::group(
+        "request",
+        &[model, target, fairness, priority, endpoint],
+        [
+            (
+                &metrics::SCHEDULER_ATTEMPTS,
+                &["success", target, pod, namespace, port],
+            ),
+            (&metrics::OBJECTIVE_REQUEST_TOTAL, pair),
+            (&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model]),
+            (
+                &metrics::REQUEST_RUNNING,
+                &[model, target, fairness, priority],
+            ),
+            (&metrics::OBJECTIVE_REQUEST_SIZES, pair),
+        ],
     );
-    stats::add(&metrics::OBJECTIVE_REQUEST_TOTAL, &[model, target], 1);
-    stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], 1);
-    let priority = input.priority.to_string();
-    stats::add(
-        &metrics::REQUEST_RUNNING,
-        &[model, target, &input.fairness_id, &priority],
-        1,
-    );
-    stats::observe(
-        &metrics::OBJECTIVE_REQUEST_SIZES,
-        &[model, target],
-        u64::try_from(input.body_bytes).unwrap_or(u64::MAX),
-    );
+    let Some([attempts, total, running, request_running, sizes]) = group else {
+        // The metrics state is busy (logged): nothing can be counted.
+        return None;
+    };
+    // Resolved just now: none is stale.
+    stats::add_to(&attempts, &metrics::SCHEDULER_ATTEMPTS, 1);
+    stats::add_to(&total, &metrics::OBJECTIVE_REQUEST_TOTAL, 1);
+    stats::add_to(&running, &metrics::OBJECTIVE_RUNNING_REQUESTS, 1);
+    stats::add_to(&request_running, &metrics::REQUEST_RUNNING, 1);
+    stats::observe_in(&sizes, &metrics::OBJECTIVE_REQUEST_SIZES, size);
+    Some(RequestSeries {
+        running,
+        request_running,
+    })
 }
 
 /// Records the end of a routed request: it no longer runs; its duration and response size.
+/// Through the series resolved when it was admitted, or by its labels if those went stale.
 pub fn finished(done: &super::vm::Running, response_bytes: u64, now_us: u64) {
+    let duration = now_us.saturating_sub(done.received_us);
     let (model, target) = (done.model.as_str(), done.target.as_str());
+    // Valid unless idle series were dropped since the admission (then by labels below).
+    if let Some(s) = done.series.filter(|s| stats::current(&s.running)) {
+        stats::add_to(&s.running, &metrics::OBJECTIVE_RUNNING_REQUESTS, -1);
+        stats::add_to(&s.request_running, &metrics::REQUEST_RUNNING, -1);
+        // Both histograms in one lookup (resolved here, at the first request's end, as
+        // before: a series appears in the exposition with its first observation).
+        let pair: &[&str] = &[model, target];
+        let group = stats::group(
+            "request-end",
+            pair,
+            [
+                (&metrics::OBJECTIVE_REQUEST_DURATION, pair),
+                (&metrics::OBJECTIVE_RESPONSE_SIZES, pair),
+            ],
+        );
+        if let Some([d, r]) = group {
+            stats::observe_in(&d, &metrics::OBJECTIVE_REQUEST_DURATION, duration);
+            stats::observe_in(&r, &metrics::OBJECTIVE_RESPONSE_SIZES, response_bytes);
+        }
+        return;
+    }
     stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], -1);
-    let priority = done.priority.to_string();
+    let priority = stats::IntLabel::new(done.priority);
     stats::add(
         &metrics::REQUEST_RUNNING,
-        &[model, target, &done.fairness_id, &priority],
+        &[model, target, &done.fairness_id, priority.as_str()],
         -1,
     );
     stats::observe(
         &metrics::OBJECTIVE_REQUEST_DURATION,
         &[model, target],
-        now_us.saturating_sub(done.received_us),
+        duration,
     );
     stats::observe(
         &metrics::OBJECTIVE_RESPONSE_SIZES,

@@ -14,6 +14,7 @@
 //! observations are recorded as they happen.
 
 use super::{host, store::HostStore, vm};
+use crate::endpoint::KeyHasher;
 use crate::metrics::exposition;
 use crate::metrics::recorder::{Record, Recorder, Slot};
 use crate::metrics::{Kind, Metric};
@@ -36,6 +37,10 @@ struct Stats {
     /// Series already resolved, by a hash of (metric, raw label values): the recorder's
     /// slot and the Envoy stat id, found again with no allocation.
     cache: Cache,
+    /// Groups of series resolved together ([`group`]), by a hash of (site, key values).
+    groups: hashbrown::HashMap<u64, Group, std::hash::BuildHasherDefault<KeyHasher>>,
+    /// Bumped whenever slots move (idle series dropped): a [`Series`] from before is stale.
+    generation: u64,
     published_ms: i64,
     expired_ms: i64,
 }
@@ -55,6 +60,24 @@ struct Resolved {
     id: Option<u32>,
 }
 
+/// A series resolved once: the recorder's slot and this VM's Envoy stat id, updated later
+/// ([`add_to`], [`observe_in`]) with no label hashed or compared. Valid until idle series
+/// are dropped ([`expire`] moves slots); an update through a stale one is refused, and the
+/// caller updates by labels instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Series {
+    generation: u64,
+    slot: Slot,
+    id: Option<u32>,
+}
+
+/// The series of one [`group`] call site for one set of key values.
+struct Group {
+    site: &'static str,
+    key: Vec<String>,
+    series: Vec<Series>,
+}
+
 /// Resolved series kept at most (client-chosen label values vary without bound; the
 /// recorder's caps bound the series, this bounds the cache of raw values).
 const CACHE_MAX: usize = 4_096;
@@ -65,9 +88,51 @@ thread_local! {
         pending: hashbrown::HashMap::new(),
         ids: HashMap::new(),
         cache: Cache::default(),
+        groups: hashbrown::HashMap::default(),
+        generation: 0,
         published_ms: i64::MIN,
         expired_ms: 0,
     });
+}
+
+/// An integer label value (a priority), formatted on the stack: no allocation per use.
+pub struct IntLabel {
+    buf: [u8; 11],
+    start: usize,
+}
+
+impl IntLabel {
+    /// `n` in decimal, as `n.to_string()` writes it.
+    pub fn new(n: i32) -> Self {
+        let mut buf = [0u8; 11];
+        let mut start = buf.len();
+        let mut m = n.unsigned_abs();
+        loop {
+            start -= 1;
+            if let Some(b) = buf.get_mut(start) {
+                *b = b'0' + (m % 10) as u8;
+            }
+            m /= 10;
+            if m == 0 {
+                break;
+            }
+        }
+        if n < 0 {
+            start -= 1;
+            if let Some(b) = buf.get_mut(start) {
+                *b = b'-';
+            }
+        }
+        Self { buf, start }
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        self.buf
+            .get(self.start..)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or("")
+    }
 }
 
 fn key(vm: u64) -> String {
@@ -80,9 +145,14 @@ fn key(vm: u64) -> String {
 /// at a time: the cache compares the values of the entry it finds, so a collision only
 /// costs a second resolution, and label values are short.
 fn hash(metric: &Metric, values: &[&str]) -> u64 {
+    hash_values(metric.name.as_ptr() as u64, values)
+}
+
+/// [`hash`] of `values` after a 64-bit `start` (an address).
+fn hash_values(start: u64, values: &[&str]) -> u64 {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
     let mix = |h: u64, word: u64| (h.rotate_left(26) ^ word).wrapping_mul(K);
-    let mut h = mix(0, metric.name.as_ptr() as u64);
+    let mut h = mix(0, start);
     for v in values {
         let mut chunks = v.as_bytes().chunks_exact(8);
         for c in &mut chunks {
@@ -100,8 +170,7 @@ fn hash(metric: &Metric, values: &[&str]) -> u64 {
 }
 
 /// The cache's keys are hashes already: each is its own hash.
-type Cache =
-    hashbrown::HashMap<u64, Resolved, std::hash::BuildHasherDefault<crate::endpoint::KeyHasher>>;
+type Cache = hashbrown::HashMap<u64, Resolved, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// Runs `f` with the metrics state, the series' slot in the recorder and this VM's
 /// Envoy stat id for the (capped) labels.
@@ -112,17 +181,24 @@ fn with(metric: &'static Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slo
             return;
         };
         let stats = &mut *stats;
-        let h = hash(metric, values);
-        if let Some(r) = stats.cache.get(&h) {
-            let same = std::ptr::eq(r.metric, metric.name)
-                && r.values.len() == values.len()
-                && r.values.iter().zip(values).all(|(a, b)| a == b);
-            if same {
-                let (slot, id) = (r.slot, r.id);
-                f(stats, slot, id);
-                return;
-            }
+        let (slot, id) = resolve_in(stats, metric, values);
+        f(stats, slot, id);
+    });
+}
+
+/// The series' slot in the recorder and this VM's Envoy stat id for the (capped) labels:
+/// from the cache, else resolved and cached.
+fn resolve_in(stats: &mut Stats, metric: &'static Metric, values: &[&str]) -> (Slot, Option<u32>) {
+    let h = hash(metric, values);
+    if let Some(r) = stats.cache.get(&h) {
+        let same = std::ptr::eq(r.metric, metric.name)
+            && r.values.len() == values.len()
+            && r.values.iter().zip(values).all(|(a, b)| a == b);
+        if same {
+            return (r.slot, r.id);
         }
+    }
+    {
         let labels = stats.recorder.labels(metric, values);
         let slot = stats.recorder.slot(metric, labels.clone());
         let id = if metric.envoy {
@@ -143,8 +219,96 @@ fn with(metric: &'static Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slo
                 id,
             },
         );
-        f(stats, slot, id);
-    });
+        (slot, id)
+    }
+}
+
+/// Series resolved together, found again by one hash and compare of `key` (e.g. every
+/// series one routed request updates, keyed by its label values) instead of one per
+/// series: `series` lists each metric with its label values (only read when the group is
+/// not cached yet; for one `site` and `key` they must always be the same). `None` when
+/// the metrics state is busy (logged).
+pub fn group<const N: usize>(
+    site: &'static str,
+    key: &[&str],
+    series: [(&'static Metric, &[&str]); N],
+) -> Option<[Series; N]> {
+    STATS.with(|cell| {
+        let Ok(mut stats) = cell.try_borrow_mut() else {
+            log::error!("internal: nested access to the metrics");
+            return None;
+        };
+        let stats = &mut *stats;
+        let mut h = hash_values(site.as_ptr() as u64, key);
+        if let Some(g) = stats.groups.get(&h) {
+            let same = std::ptr::eq(g.site, site)
+                && g.key.len() == key.len()
+                && g.key.iter().zip(key).all(|(a, b)| a == b);
+            if same {
+                return <[Series; N]>::try_from(g.series.as_slice()).ok();
+            }
+            // Another key with the same hash: this one is resolved every time.
+            h = 0;
+        }
+        let generation = stats.generation;
+        let resolved = series.map(|(metric, values)| {
+            let (slot, id) = resolve_in(stats, metric, values);
+            Series {
+                generation,
+                slot,
+                id,
+            }
+        });
+        if h != 0 {
+            if stats.groups.len() >= CACHE_MAX {
+                stats.groups.clear();
+            }
+            stats.groups.insert(
+                h,
+                Group {
+                    site,
+                    key: key.iter().map(|v| v.to_string()).collect(),
+                    series: resolved.to_vec(),
+                },
+            );
+        }
+        Some(resolved)
+    })
+}
+
+/// Runs `f` on the metrics state and `s`'s slot and Envoy id, if `s` is still valid.
+fn with_series(s: &Series, f: impl FnOnce(&mut Stats, Slot, Option<u32>)) -> bool {
+    STATS.with(|cell| {
+        let Ok(mut stats) = cell.try_borrow_mut() else {
+            log::error!("internal: nested access to the metrics");
+            return false;
+        };
+        if stats.generation != s.generation {
+            return false;
+        }
+        f(&mut stats, s.slot, s.id);
+        true
+    })
+}
+
+/// Whether `s` is still valid (no idle series was dropped since it was resolved).
+pub fn current(s: &Series) -> bool {
+    STATS.with(|cell| {
+        cell.try_borrow()
+            .is_ok_and(|stats| stats.generation == s.generation)
+    })
+}
+
+/// [`add`] through a resolved series of `metric`; `false` if it is stale (nothing done).
+pub fn add_to(s: &Series, metric: &'static Metric, delta: i64) -> bool {
+    with_series(s, |stats, slot, id| add_in(stats, slot, id, metric, delta))
+}
+
+/// [`observe`] through a resolved series of `metric`; `false` if it is stale (nothing done).
+pub fn observe_in(s: &Series, metric: &'static Metric, value: u64) -> bool {
+    with_series(s, |stats, slot, id| {
+        observe_at(stats, slot, id, metric, value)
+    })
 }
 
 /// This VM's Envoy stat id for the capped labels, defined on first use.
@@ -174,12 +338,16 @@ fn envoy_id(stats: &mut Stats, metric: &Metric, labels: &[String]) -> Option<u32
 /// Adds `delta` (in the metric's recorded unit) to a counter or gauge.
 pub fn add(metric: &'static Metric, values: &[&str], delta: i64) {
     with(metric, values, |stats, slot, id| {
-        stats.recorder.add_at(slot, metric, delta);
-        if let Some(id) = id {
-            let p = stats.pending.entry(id).or_default();
-            p.delta = p.delta.saturating_add(delta);
-        }
+        add_in(stats, slot, id, metric, delta);
     });
+}
+
+fn add_in(stats: &mut Stats, slot: Slot, id: Option<u32>, metric: &Metric, delta: i64) {
+    stats.recorder.add_at(slot, metric, delta);
+    if let Some(id) = id {
+        let p = stats.pending.entry(id).or_default();
+        p.delta = p.delta.saturating_add(delta);
+    }
 }
 
 /// Records a histogram observation, or sets a gauge, in the metric's recorded unit.
@@ -222,13 +390,17 @@ pub fn set_value(metric: &'static Metric, values: &[&str], value: f64) {
 /// Records a histogram observation in the metric's recorded unit.
 pub fn observe(metric: &'static Metric, values: &[&str], value: u64) {
     with(metric, values, |stats, slot, id| {
-        stats.recorder.observe_at(slot, metric, value);
-        if let Some(id) = id {
-            if let Err(status) = host::record_metric(id, value) {
-                log::warn!("cannot record metric {}: status {status}", metric.name);
-            }
-        }
+        observe_at(stats, slot, id, metric, value);
     });
+}
+
+fn observe_at(stats: &mut Stats, slot: Slot, id: Option<u32>, metric: &Metric, value: u64) {
+    stats.recorder.observe_at(slot, metric, value);
+    if let Some(id) = id {
+        if let Err(status) = host::record_metric(id, value) {
+            log::warn!("cannot record metric {}: status {status}", metric.name);
+        }
+    }
 }
 
 /// Makes the counter and gauge updates since the last call in Envoy's stats (at a
@@ -319,6 +491,8 @@ pub fn expire(vm: u64, now_ms: i64, idle_ms: i64) {
         if dropped > 0 {
             // Slots moved: resolve every series again.
             stats.cache.clear();
+            stats.groups.clear();
+            stats.generation += 1;
             log::debug!("dropped {dropped} idle metric series");
         }
     });

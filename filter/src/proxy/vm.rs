@@ -63,6 +63,8 @@ pub struct Running {
     pub received_us: u64,
     /// When flow control dispatched it (ms; 0 when it did not).
     pub dispatched_ms: u64,
+    /// The metric series its end updates, resolved when it was admitted.
+    pub series: Option<super::route::RequestSeries>,
 }
 
 impl Running {
@@ -85,6 +87,30 @@ impl Running {
             received_us,
             dispatched_ms: 0,
             status: None,
+            series: None,
+        }
+    }
+
+    /// [`Running::new`], taking the input's strings instead of copying them.
+    pub fn from_input(
+        sent: super::route::Dispatched,
+        input: super::route::RouteInput,
+        tokens: u64,
+        flow_controlled: bool,
+        received_us: u64,
+    ) -> Self {
+        Self {
+            endpoint: sent.endpoint,
+            model: input.model,
+            target: input.target,
+            fairness_id: input.fairness_id,
+            priority: input.priority,
+            tokens,
+            flow_controlled,
+            received_us,
+            dispatched_ms: 0,
+            status: None,
+            series: sent.series,
         }
     }
 }
