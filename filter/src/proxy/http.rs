@@ -91,7 +91,7 @@ impl Http {
     /// and its parsed body (`model` is taken: read it from the input after this).
     fn route_input(
         &mut self,
-        request: Option<&mut InferenceRequest>,
+        request: Option<&mut InferenceRequest<'_>>,
         target: String,
         body_bytes: usize,
     ) -> RouteInput {
@@ -126,7 +126,7 @@ impl Http {
     fn go(
         &self,
         input: RouteInput,
-        request: Option<&InferenceRequest>,
+        request: Option<&InferenceRequest<'_>>,
         flow_controlled: bool,
         tokens: u64,
         dispatched_ms: u64,
@@ -343,8 +343,8 @@ impl HttpContext for Http {
         } else {
             request.model.clone()
         };
-        let mut body = body;
-        let mut replaced = false;
+        // The body as sent: the one read (which the parsed request borrows), or its rewrite.
+        let mut rewritten_body = None;
         if target != request.model {
             let Some(new_body) = model_rewrite::rewrite_body(&body, &target) else {
                 let e = ApiError::internal("cannot rewrite the model of the request");
@@ -361,13 +361,14 @@ impl HttpContext for Http {
                 let e = ApiError::internal("cannot rewrite the model of the request");
                 return self.reject(&e, &request.model);
             }
-            body = new_body;
-            replaced = true;
+            rewritten_body = Some(new_body);
             self.rewritten = Some(model_rewrite::Restorer::new(&target, &request.model));
         }
         if cfg!(feature = "ladder-parse") {
             return self.ladder_route();
         }
+        let replaced = rewritten_body.is_some();
+        let body: &[u8] = rewritten_body.as_deref().unwrap_or(&body);
         let input = self.route_input(Some(&mut request), target, body.len());
         let meta = RequestMeta {
             fairness_id: &input.fairness_id,
@@ -394,7 +395,7 @@ impl HttpContext for Http {
                 // Envoy holds the body in the 16 KiB read slice it arrived in; a copy of
                 // the exact size makes a parked stream much cheaper to hold.
                 if !replaced {
-                    if let Err(status) = host::replace_request_body(body_size, &body) {
+                    if let Err(status) = host::replace_request_body(body_size, body) {
                         log::debug!("cannot compact the parked body: status {status}");
                     }
                 }

@@ -32,7 +32,7 @@ const MAX_VMS: u64 = 1_024;
 struct Stats {
     recorder: Recorder,
     /// Envoy stat updates not yet made, by stat id ([`flush`]).
-    pending: hashbrown::HashMap<u32, Pending>,
+    pending: super::vm::IdMap<Pending>,
     ids: HashMap<String, u32>,
     /// Series already resolved, by a hash of (metric, raw label values): the recorder's
     /// slot and the Envoy stat id, found again with no allocation.
@@ -85,7 +85,7 @@ const CACHE_MAX: usize = 4_096;
 thread_local! {
     static STATS: RefCell<Stats> = RefCell::new(Stats {
         recorder: Recorder::default(),
-        pending: hashbrown::HashMap::new(),
+        pending: super::vm::IdMap::default(),
         ids: HashMap::new(),
         cache: Cache::default(),
         groups: hashbrown::HashMap::default(),
@@ -154,19 +154,56 @@ fn hash_values(start: u64, values: &[&str]) -> u64 {
     let mix = |h: u64, word: u64| (h.rotate_left(26) ^ word).wrapping_mul(K);
     let mut h = mix(0, start);
     for v in values {
-        let mut chunks = v.as_bytes().chunks_exact(8);
+        let v = v.as_bytes();
+        let mut chunks = v.chunks_exact(8);
         for c in &mut chunks {
-            let word = c.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w));
-            h = mix(h, word);
+            h = mix(h, word(c));
         }
-        let mut tail = [0u8; 8];
-        for (t, b) in tail.iter_mut().zip(chunks.remainder()) {
-            *t = *b;
+        if !chunks.remainder().is_empty() {
+            h = mix(h, tail(v));
         }
         // The length ends each value, so ("ab", "c") and ("a", "bc") differ.
-        h = mix(mix(h, u64::from_le_bytes(tail)), v.len() as u64);
+        h = mix(h, v.len() as u64);
     }
     h ^ (h >> 29)
+}
+
+/// The first eight bytes of `b` as a word (0 if shorter).
+fn word(b: &[u8]) -> u64 {
+    b.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w))
+}
+
+/// A word that, with the length, tells apart every value whose last `len % 8` bytes
+/// differ, read without a loop over bytes: the last eight bytes (overlapping the chunk
+/// before) when there are eight, else the first and last four, else three of the bytes.
+fn tail(v: &[u8]) -> u64 {
+    let n = v.len();
+    if n >= 8 {
+        return v.get(n - 8..).map_or(0, word);
+    }
+    let four = |b: Option<&[u8]>| {
+        b.and_then(|b| b.first_chunk::<4>())
+            .map_or(0, |w| u64::from(u32::from_le_bytes(*w)))
+    };
+    if n >= 4 {
+        return four(v.get(..4)) | four(v.get(n - 4..)) << 32;
+    }
+    let byte = |i: usize| u64::from(v.get(i).copied().unwrap_or(0));
+    if n == 0 {
+        0
+    } else {
+        byte(0) | byte(n / 2) << 8 | byte(n - 1) << 16
+    }
+}
+
+/// Whether two label values are equal, compared a word at a time.
+fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut pairs = a.chunks_exact(8).zip(b.chunks_exact(8));
+    pairs.all(|(x, y)| word(x) == word(y)) && (a.len() % 8 == 0 || tail(a) == tail(b))
 }
 
 /// The cache's keys are hashes already: each is its own hash.
@@ -191,10 +228,10 @@ fn with(metric: &'static Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slo
 fn resolve_in(stats: &mut Stats, metric: &'static Metric, values: &[&str]) -> (Slot, Option<u32>) {
     let h = hash(metric, values);
     if let Some(r) = stats.cache.get(&h) {
-        let same = std::ptr::eq(r.metric, metric.name)
+        let hit = std::ptr::eq(r.metric, metric.name)
             && r.values.len() == values.len()
-            && r.values.iter().zip(values).all(|(a, b)| a == b);
-        if same {
+            && r.values.iter().zip(values).all(|(a, b)| same(a, b));
+        if hit {
             return (r.slot, r.id);
         }
     }
@@ -225,13 +262,14 @@ fn resolve_in(stats: &mut Stats, metric: &'static Metric, values: &[&str]) -> (S
 
 /// Series resolved together, found again by one hash and compare of `key` (e.g. every
 /// series one routed request updates, keyed by its label values) instead of one per
-/// series: `series` lists each metric with its label values (only read when the group is
-/// not cached yet; for one `site` and `key` they must always be the same). `None` when
-/// the metrics state is busy (logged).
+/// series. `series` names them, only when the group is not cached yet: it calls the
+/// resolver it is given with each metric and its label values, `N` times, always the
+/// same for one `site` and `key`. `None` when the metrics state is busy (logged) or
+/// `series` resolved another number.
 pub fn group<const N: usize>(
     site: &'static str,
     key: &[&str],
-    series: [(&'static Metric, &[&str]); N],
+    series: impl FnOnce(&mut dyn FnMut(&'static Metric, &[&str])),
 ) -> Option<[Series; N]> {
     STATS.with(|cell| {
         let Ok(mut stats) = cell.try_borrow_mut() else {
@@ -241,24 +279,26 @@ pub fn group<const N: usize>(
         let stats = &mut *stats;
         let mut h = hash_values(site.as_ptr() as u64, key);
         if let Some(g) = stats.groups.get(&h) {
-            let same = std::ptr::eq(g.site, site)
+            let hit = std::ptr::eq(g.site, site)
                 && g.key.len() == key.len()
-                && g.key.iter().zip(key).all(|(a, b)| a == b);
-            if same {
+                && g.key.iter().zip(key).all(|(a, b)| same(a, b));
+            if hit {
                 return <[Series; N]>::try_from(g.series.as_slice()).ok();
             }
             // Another key with the same hash: this one is resolved every time.
             h = 0;
         }
         let generation = stats.generation;
-        let resolved = series.map(|(metric, values)| {
+        let mut list = Vec::with_capacity(N);
+        series(&mut |metric, values| {
             let (slot, id) = resolve_in(stats, metric, values);
-            Series {
+            list.push(Series {
                 generation,
                 slot,
                 id,
-            }
+            });
         });
+        let resolved = <[Series; N]>::try_from(list.as_slice()).ok()?;
         if h != 0 {
             if stats.groups.len() >= CACHE_MAX {
                 stats.groups.clear();
@@ -268,7 +308,7 @@ pub fn group<const N: usize>(
                 Group {
                     site,
                     key: key.iter().map(|v| v.to_string()).collect(),
-                    series: resolved.to_vec(),
+                    series: list,
                 },
             );
         }
@@ -276,38 +316,38 @@ pub fn group<const N: usize>(
     })
 }
 
-/// Runs `f` on the metrics state and `s`'s slot and Envoy id, if `s` is still valid.
-fn with_series(s: &Series, f: impl FnOnce(&mut Stats, Slot, Option<u32>)) -> bool {
+/// An update of a resolved series.
+#[derive(Debug, Clone, Copy)]
+pub enum Update {
+    /// [`add`] this delta.
+    Add(i64),
+    /// [`observe`] this value.
+    Observe(u64),
+}
+
+/// Applies `updates`, each to a resolved series of its metric, in one access to the
+/// metrics state. `false`, with nothing done, if a series is stale (idle series were
+/// dropped since it was resolved: the caller updates by labels) or the state is busy.
+pub fn apply(updates: &[(Series, &'static Metric, Update)]) -> bool {
     STATS.with(|cell| {
         let Ok(mut stats) = cell.try_borrow_mut() else {
             log::error!("internal: nested access to the metrics");
             return false;
         };
-        if stats.generation != s.generation {
+        let stats = &mut *stats;
+        if updates
+            .iter()
+            .any(|(s, _, _)| s.generation != stats.generation)
+        {
             return false;
         }
-        f(&mut stats, s.slot, s.id);
+        for (s, metric, update) in updates {
+            match *update {
+                Update::Add(delta) => add_in(stats, s.slot, s.id, metric, delta),
+                Update::Observe(value) => observe_at(stats, s.slot, s.id, metric, value),
+            }
+        }
         true
-    })
-}
-
-/// Whether `s` is still valid (no idle series was dropped since it was resolved).
-pub fn current(s: &Series) -> bool {
-    STATS.with(|cell| {
-        cell.try_borrow()
-            .is_ok_and(|stats| stats.generation == s.generation)
-    })
-}
-
-/// [`add`] through a resolved series of `metric`; `false` if it is stale (nothing done).
-pub fn add_to(s: &Series, metric: &'static Metric, delta: i64) -> bool {
-    with_series(s, |stats, slot, id| add_in(stats, slot, id, metric, delta))
-}
-
-/// [`observe`] through a resolved series of `metric`; `false` if it is stale (nothing done).
-pub fn observe_in(s: &Series, metric: &'static Metric, value: u64) -> bool {
-    with_series(s, |stats, slot, id| {
-        observe_at(stats, slot, id, metric, value)
     })
 }
 
@@ -406,23 +446,24 @@ fn observe_at(stats: &mut Stats, slot: Slot, id: Option<u32>, metric: &Metric, v
 /// Makes the counter and gauge updates since the last call in Envoy's stats (at a
 /// request's end and on the tick): one host call per stat that changed.
 pub fn flush() {
-    let pending: Vec<(u32, Pending)> = STATS.with(|cell| {
-        cell.try_borrow_mut()
-            .map(|mut stats| stats.pending.drain().collect())
-            .unwrap_or_default()
+    STATS.with(|cell| {
+        let Ok(mut stats) = cell.try_borrow_mut() else {
+            return;
+        };
+        // The host calls touch no metrics state: made while it is held, nothing copied.
+        for (id, p) in stats.pending.drain() {
+            if let Some(value) = p.set {
+                if let Err(status) = host::record_metric(id, value) {
+                    log::warn!("cannot set metric {id}: status {status}");
+                }
+            }
+            if p.delta != 0 {
+                if let Err(status) = host::increment_metric(id, p.delta) {
+                    log::warn!("cannot update metric {id}: status {status}");
+                }
+            }
+        }
     });
-    for (id, p) in pending {
-        if let Some(value) = p.set {
-            if let Err(status) = host::record_metric(id, value) {
-                log::warn!("cannot set metric {id}: status {status}");
-            }
-        }
-        if p.delta != 0 {
-            if let Err(status) = host::increment_metric(id, p.delta) {
-                log::warn!("cannot update metric {id}: status {status}");
-            }
-        }
-    }
 }
 
 /// Publishes this VM's record if [`PUBLISH_MS`] passed since the last time (or `force`).
