@@ -16,7 +16,9 @@
 //! or a non-ASCII byte; only strings with non-ASCII bytes that are kept are checked as
 //! UTF-8 (`serde_json` checks no skipped string either when the body is not UTF-8).
 
-use super::json::{Body, Json, Number, ROUTED};
+#[cfg(test)]
+use super::json::ROUTED;
+use super::json::{Body, Json, Number};
 use std::borrow::Cow;
 
 /// Nesting handled here (objects and arrays, the top level included); deeper is left to
@@ -38,7 +40,7 @@ pub fn body(bytes: &[u8]) -> Option<Body<'_>> {
             p.ws();
             p.eat(b':')?;
             p.ws();
-            if ROUTED.contains(&key) {
+            if routed(key) {
                 pairs.push((Cow::Borrowed(key), p.value(1)?));
             } else {
                 p.skip_value(1)?;
@@ -65,6 +67,19 @@ struct Raw<'a> {
     bytes: &'a [u8],
     escaped: bool,
     ascii: bool,
+}
+
+impl<'a> Raw<'a> {
+    /// The bytes as text: `None` when they are not UTF-8.
+    fn text(&self) -> Option<&'a str> {
+        if self.ascii {
+            // SAFETY: the scan saw every byte of the string below 0x80: ASCII, which is
+            // UTF-8 (no second pass over a long prompt).
+            Some(unsafe { std::str::from_utf8_unchecked(self.bytes) })
+        } else {
+            std::str::from_utf8(self.bytes).ok()
+        }
+    }
 }
 
 const ONES: u64 = u64::MAX / 255;
@@ -113,32 +128,7 @@ impl<'a> Scanner<'a> {
         let mut escaped = false;
         let mut high = 0u64;
         loop {
-            // Sixteen bytes at a time while none is special (in a long body), then eight
-            // at a time up to the special one.
-            if let Some(rest) = self.b.get(self.i..).filter(|r| r.len() >= 64) {
-                for pair in rest.chunks_exact(16) {
-                    let x = u128::from_le_bytes(pair.first_chunk::<16>().copied()?);
-                    let (lo, hi) = (x as u64, (x >> 64) as u64);
-                    if specials(lo) | specials(hi) != 0 {
-                        break;
-                    }
-                    high |= (lo | hi) & HIGH;
-                    self.i += 16;
-                }
-            }
-            while let Some(chunk) = self.b.get(self.i..self.i + 8) {
-                let w = u64::from_le_bytes(chunk.first_chunk::<8>().copied()?);
-                let hit = specials(w);
-                if hit != 0 {
-                    let at = hit.trailing_zeros() / 8;
-                    // Only the bytes before the special one are the string's.
-                    high |= w & HIGH & (1u64 << (at * 8)).wrapping_sub(1);
-                    self.i += at as usize;
-                    break;
-                }
-                high |= w & HIGH;
-                self.i += 8;
-            }
+            high |= self.skip_plain();
             match self.next()? {
                 b'"' => break,
                 b'\\' => {
@@ -163,6 +153,42 @@ impl<'a> Scanner<'a> {
         })
     }
 
+    /// Skips the bytes of a string up to the next special one (a quote, a backslash, a
+    /// control character): sixteen at a time while none is special (in a long string),
+    /// then eight at a time. Returns the high bits of the bytes skipped.
+    fn skip_plain(&mut self) -> u64 {
+        let mut high = 0u64;
+        if let Some(rest) = self.b.get(self.i..).filter(|r| r.len() >= 64) {
+            for pair in rest.chunks_exact(16) {
+                let Some(x) = pair.first_chunk::<16>().map(|b| u128::from_le_bytes(*b)) else {
+                    break;
+                };
+                let (lo, hi) = (x as u64, (x >> 64) as u64);
+                if specials(lo) | specials(hi) != 0 {
+                    break;
+                }
+                high |= (lo | hi) & HIGH;
+                self.i += 16;
+            }
+        }
+        while let Some(chunk) = self.b.get(self.i..self.i + 8) {
+            let Some(w) = chunk.first_chunk::<8>().map(|b| u64::from_le_bytes(*b)) else {
+                break;
+            };
+            let hit = specials(w);
+            if hit != 0 {
+                let at = hit.trailing_zeros() / 8;
+                // Only the bytes before the special one are skipped.
+                high |= w & HIGH & (1u64 << (at * 8)).wrapping_sub(1);
+                self.i += at as usize;
+                break;
+            }
+            high |= w & HIGH;
+            self.i += 8;
+        }
+        high
+    }
+
     fn hex4(&mut self) -> Option<u16> {
         let digits = self.b.get(self.i..self.i + 4)?;
         let mut n = 0u16;
@@ -179,19 +205,13 @@ impl<'a> Scanner<'a> {
         if raw.escaped {
             return None;
         }
-        std::str::from_utf8(raw.bytes).ok()
+        raw.text()
     }
 
     /// A string kept: borrowed, or decoded when it holds escapes.
     fn string(&mut self) -> Option<Cow<'a, str>> {
         let raw = self.raw_string()?;
-        let text = if raw.ascii {
-            // SAFETY: the scan saw every byte of the string below 0x80: ASCII, which is
-            // UTF-8 (no second pass over a long prompt).
-            unsafe { std::str::from_utf8_unchecked(raw.bytes) }
-        } else {
-            std::str::from_utf8(raw.bytes).ok()?
-        };
+        let text = raw.text()?;
         if !raw.escaped {
             return Some(Cow::Borrowed(text));
         }
@@ -359,6 +379,30 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// Whether `key` is one of [`super::json::ROUTED`] (a `match`: each name compared as
+/// constants).
+fn routed(key: &str) -> bool {
+    matches!(
+        key,
+        "model"
+            | "stream"
+            | "stream_options"
+            | "max_tokens"
+            | "max_completion_tokens"
+            | "max_output_tokens"
+            | "prompt"
+            | "messages"
+            | "input"
+            | "instructions"
+            | "cache_salt"
+            | "query"
+            | "documents"
+            | "text_1"
+            | "text_2"
+            | "queries"
+    )
+}
+
 fn deeper(depth: u32) -> Option<u32> {
     (depth < MAX_DEPTH).then_some(depth + 1)
 }
@@ -463,6 +507,18 @@ mod tests {
         // A skipped string need not be UTF-8 (serde_json does not check it either).
         let latin1 = b"{\"user\":\"\xe9\",\"model\":\"m\"}";
         assert_eq!(body_of(latin1), slow(latin1));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_routed_fields_are_those_of_the_serde_json_path() {
+        for key in ROUTED {
+            assert!(routed(key), "{key}");
+        }
+        let count = ["model", "tools", "temperature", "user", "prompt_x", "n"]
+            .iter()
+            .filter(|k| routed(k))
+            .count();
+        assert_eq!(count, 1);
     }
 
     #[wasm_bindgen_test(unsupported = test)]
