@@ -423,22 +423,34 @@ impl HttpContext for Http {
         } else {
             None
         };
-        let Some(Some((endpoint, tokens))) = vm::with(|vm| {
+        let Some(Some(tokens)) = vm::with(|vm| {
             vm.running.get_mut(&self.id).map(|r| {
                 r.status = status;
-                (r.endpoint.clone(), r.tokens)
+                r.tokens
             })
         }) else {
             return Action::Continue;
         };
         // The address Envoy actually connected to (after any retry); our pick otherwise.
-        let served = host::property_at("upstream\0address")
+        let reported = host::property_at("upstream\0address")
             .ok()
             .flatten()
             .and_then(|b| String::from_utf8(b).ok())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| endpoint.clone());
-        if served != endpoint {
+            .filter(|s| !s.is_empty());
+        // The request now runs on the endpoint that answers (the pick it leaves, if another).
+        let Some(Some((served, left))) = vm::with(|vm| {
+            vm.running.get_mut(&self.id).map(|r| match reported {
+                Some(s) if s != r.endpoint => {
+                    let pick = std::mem::replace(&mut r.endpoint, s.clone());
+                    (s, Some(pick))
+                }
+                Some(s) => (s, None),
+                None => (r.endpoint.clone(), None),
+            })
+        }) else {
+            return Action::Continue;
+        };
+        if let Some(endpoint) = left {
             // Envoy retried on a fallback (override_host with a retry policy): the pick
             // failed before answering, and the request now loads the one that answers.
             let health = &self.rt.pool.passive_health;
@@ -450,11 +462,6 @@ impl HttpContext for Http {
                 host::clock_us(),
                 watch,
             );
-            vm::with(|vm| {
-                if let Some(r) = vm.running.get_mut(&self.id) {
-                    r.endpoint = served.clone();
-                }
-            });
         }
         feedback::served(self.id, &served);
         if self.rewritten.is_some() {
