@@ -422,7 +422,20 @@ fn chat_prompt(v: Option<&Json>, spans: &mut Vec<(u32, u32)>) -> Result<String, 
 /// of a response: how the response path reads `usage` counts from the end of a body or of
 /// a stream chunk without parsing the whole JSON.
 pub fn usage_number(window: &[u8], key: &[u8]) -> Option<u64> {
-    let at = window.windows(key.len()).rposition(|w| w == key)?;
+    // The last occurrence: each position is told apart by two of the key's inner bytes
+    // (its quotes are everywhere in JSON) before the whole key is compared.
+    let n = key.len();
+    let (i, j) = if n >= 3 {
+        (1, n - 2)
+    } else {
+        (0, n.saturating_sub(1))
+    };
+    let (a, b) = (*key.get(i)?, *key.get(j)?);
+    let at = (0..=window.len().checked_sub(n)?).rev().find(|&at| {
+        window.get(at + i) == Some(&a)
+            && window.get(at + j) == Some(&b)
+            && window.get(at..at + n) == Some(key)
+    })?;
     let rest = window.get(at + key.len()..)?;
     let digits: Vec<u8> = rest
         .iter()
@@ -571,6 +584,20 @@ mod tests {
         .unwrap();
         let m: Vec<_> = r.messages().collect();
         assert_eq!(m, vec![("user", "a: b\nuser: c"), ("assistant", "")]);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn usage_numbers_are_read_from_the_last_occurrence_of_their_key() {
+        let w = br#"{"usage":{"prompt_tokens":12,"cached_tokens": 8},"x":{"prompt_tokens" : 30}}"#;
+        assert_eq!(usage_number(w, b"\"prompt_tokens\""), Some(30));
+        assert_eq!(usage_number(w, b"\"cached_tokens\""), Some(8));
+        assert_eq!(usage_number(w, b"\"input_tokens\""), None);
+        assert_eq!(
+            usage_number(b"\"cached_tokens\"", b"\"cached_tokens\""),
+            None
+        );
+        assert_eq!(usage_number(b"ab", b"\"cached_tokens\""), None);
+        assert_eq!(usage_number(b"\"n\":7", b"\"n\""), Some(7));
     }
 
     #[wasm_bindgen_test(unsupported = test)]
