@@ -89,54 +89,47 @@ impl<'a> HeaderMap<'a> {
     /// values, each followed by a NUL. A malformed buffer yields the pairs decoded
     /// before the fault.
     pub fn decode(bytes: &'a [u8]) -> Self {
-        let u32_at = |at: usize| -> Option<usize> {
-            let b = bytes.get(at..at.checked_add(4)?)?;
-            let v = u32::from_le_bytes([*b.first()?, *b.get(1)?, *b.get(2)?, *b.get(3)?]);
-            usize::try_from(v).ok()
+        let le32 = |b: &[u8]| b.first_chunk::<4>().map_or(0, |w| u32::from_le_bytes(*w));
+        let count = match bytes.first_chunk::<4>() {
+            Some(w) => usize::try_from(u32::from_le_bytes(*w)).unwrap_or(usize::MAX),
+            None => {
+                return Self {
+                    pairs: Vec::new(),
+                    lengths: 0,
+                }
+            }
         };
-        let Some(count) = u32_at(0) else {
-            return Self {
-                pairs: Vec::new(),
-                lengths: 0,
-            };
+        let first = count.saturating_mul(8).saturating_add(4);
+        let sizes = bytes.get(4..first).unwrap_or_default();
+        // Names and values, each followed by a NUL; checked as UTF-8 in one pass over all
+        // of them (each then borrowed as it is when it starts and ends on a character
+        // boundary), one at a time only when that fails.
+        let data = bytes.get(first..).unwrap_or_default();
+        let text = std::str::from_utf8(data).ok();
+        let piece = |from: usize, to: usize| -> Option<Cow<'a, str>> {
+            match text.and_then(|t| t.get(from..to)) {
+                Some(s) => Some(Cow::Borrowed(s)),
+                None => data.get(from..to).map(String::from_utf8_lossy),
+            }
         };
         // Sized once (a pair takes at least 10 bytes of the buffer, so a bogus count
         // cannot reserve more than the buffer could hold).
         let mut pairs = Vec::with_capacity(count.min(bytes.len() / 10));
-        let mut data = count.saturating_mul(8).saturating_add(4);
-        // Names and values are checked as UTF-8 in one pass over all of them (each
-        // then borrowed as it is when it starts and ends on a character boundary),
-        // one at a time only when that fails.
-        let first = data;
-        let text = bytes.get(first..).and_then(|b| std::str::from_utf8(b).ok());
-        let piece = |at: usize, raw: &'a [u8]| -> Cow<'a, str> {
-            let within = at.checked_sub(first).zip(at.checked_add(raw.len()));
-            match (text, within) {
-                (Some(t), Some((from, end))) => match t.get(from..end - first) {
-                    Some(s) => Cow::Borrowed(s),
-                    None => String::from_utf8_lossy(raw),
-                },
-                _ => String::from_utf8_lossy(raw),
-            }
-        };
         let mut lengths = 0;
-        for n in 0..count {
-            let at = 4 + n * 8;
-            let (Some(k), Some(v)) = (u32_at(at), u32_at(at + 4)) else {
+        let mut at = 0usize;
+        // A malformed buffer yields the pairs decoded before the fault.
+        for size in sizes.chunks_exact(8) {
+            let k = usize::try_from(le32(size)).unwrap_or(usize::MAX);
+            let v = usize::try_from(size.get(4..).map_or(0, le32)).unwrap_or(usize::MAX);
+            let key_end = at.saturating_add(k);
+            let value_at = key_end.saturating_add(1);
+            let value_end = value_at.saturating_add(v);
+            let (Some(key), Some(value)) = (piece(at, key_end), piece(value_at, value_end)) else {
                 break;
             };
-            let key_at = data;
-            let key = bytes.get(data..data.saturating_add(k));
-            data = data.saturating_add(k).saturating_add(1);
-            let value_at = data;
-            let value = bytes.get(data..data.saturating_add(v));
-            data = data.saturating_add(v).saturating_add(1);
-            let (Some(key), Some(value)) = (key, value) else {
-                break;
-            };
-            let key = piece(key_at, key);
+            at = value_end.saturating_add(1);
             lengths |= length_bit(&key);
-            pairs.push((key, piece(value_at, value)));
+            pairs.push((key, value));
         }
         Self { pairs, lengths }
     }

@@ -226,10 +226,14 @@ impl<'de> Deserialize<'de> for Body<'de> {
     }
 }
 
-/// Parses a body: `Err` when it is not JSON (the parser's message). A body that is UTF-8
-/// (checked in one pass) is parsed as text, so the parser does not check each string it
-/// reads again; any other is parsed as bytes, for the parser's own error.
+/// Parses a body: `Err` when it is not JSON (the parser's message). The fast path
+/// ([`super::scan`]) reads most bodies in one pass; the others go to `serde_json`: a body
+/// that is UTF-8 (checked in one pass) is parsed as text, so the parser does not check
+/// each string it reads again; any other is parsed as bytes, for the parser's own error.
 pub fn parse(body: &[u8]) -> Result<Body<'_>, serde_json::Error> {
+    if let Some(fast) = super::scan::body(body) {
+        return Ok(fast);
+    }
     match std::str::from_utf8(body) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(body),

@@ -13,9 +13,11 @@
 //! it finds wrong.
 
 pub mod json;
+pub mod scan;
 
 use crate::errors::ApiError;
 use json::Json;
+use std::borrow::Cow;
 
 /// The request parser's type name in `EndpointPickerConfig` (the only parser).
 pub const PARSER_TYPE: &str = "openai-parser";
@@ -99,9 +101,10 @@ impl Api {
     }
 }
 
-/// The parts of an inference request the picker uses.
+/// The parts of an inference request the picker uses (the prompt borrows the body when it
+/// is one string without escapes).
 #[derive(Debug, Clone, PartialEq)]
-pub struct InferenceRequest {
+pub struct InferenceRequest<'a> {
     /// The API the request targets.
     pub api: Api,
     /// The `model` field.
@@ -110,7 +113,7 @@ pub struct InferenceRequest {
     pub stream: bool,
     /// The prompt flattened to text: the prompt string(s), or every message's content
     /// as `role: content` lines.
-    pub prompt: String,
+    pub prompt: Cow<'a, str>,
     /// Chat only: each message's role and content lengths (bytes) in `prompt`, so the
     /// conversation can be rendered again ([`InferenceRequest::messages`]).
     pub chat: Vec<(u32, u32)>,
@@ -125,7 +128,7 @@ pub struct InferenceRequest {
 
 /// Parses a request body for `api`. Errors are the 400s a client should see; only the
 /// generative APIs ([`Api::validated`]) have any.
-pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError> {
+pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest<'_>, ApiError> {
     if !api.validated() {
         return Ok(lenient(api, body));
     }
@@ -181,8 +184,8 @@ pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest, ApiError
     };
     let mut chat = Vec::new();
     let prompt = match api {
-        Api::ChatCompletions => chat_prompt(obj.get("messages"), &mut chat)?,
-        Api::Responses => responses_prompt(obj)?,
+        Api::ChatCompletions => Cow::Owned(chat_prompt(obj.get("messages"), &mut chat)?),
+        Api::Responses => Cow::Owned(responses_prompt(obj)?),
         _ => completion_prompt(obj.get("prompt"))?,
     };
     let include_usage = obj
@@ -210,12 +213,12 @@ fn cache_salt(obj: &Json) -> Option<String> {
 
 /// A request of an API the gateway does not validate: whatever its body holds (a JSON
 /// object or not), the model and the prompt text when they are there.
-fn lenient(api: Api, body: &[u8]) -> InferenceRequest {
+fn lenient(api: Api, body: &[u8]) -> InferenceRequest<'_> {
     let mut r = InferenceRequest {
         api,
         model: String::new(),
         stream: false,
-        prompt: String::new(),
+        prompt: Cow::Borrowed(""),
         chat: Vec::new(),
         max_tokens: None,
         cache_salt: None,
@@ -249,7 +252,7 @@ fn lenient(api: Api, body: &[u8]) -> InferenceRequest {
             }
         }
     }
-    r.prompt = out;
+    r.prompt = Cow::Owned(out);
     r
 }
 
@@ -320,7 +323,9 @@ fn responses_prompt(obj: &Json) -> Result<String, ApiError> {
     Ok(out)
 }
 
-fn completion_prompt(v: Option<&Json>) -> Result<String, ApiError> {
+/// A completion's prompt: one string as the body holds it (no copy without escapes), or
+/// the list's strings joined.
+fn completion_prompt<'a>(v: Option<&Json<'a>>) -> Result<Cow<'a, str>, ApiError> {
     let bad = || {
         ApiError::bad_request(
             "`prompt` must be a string or a list of strings",
@@ -332,7 +337,7 @@ fn completion_prompt(v: Option<&Json>) -> Result<String, ApiError> {
             "missing required field `prompt`",
             Some("prompt"),
         )),
-        Some(Json::Str(s)) => Ok(s.to_string()),
+        Some(Json::Str(s)) => Ok(s.clone()),
         Some(Json::Array(items)) => {
             let mut out = String::new();
             for item in items {
@@ -346,13 +351,13 @@ fn completion_prompt(v: Option<&Json>) -> Result<String, ApiError> {
                     _ => return Err(bad()),
                 }
             }
-            Ok(out)
+            Ok(Cow::Owned(out))
         }
         Some(_) => Err(bad()),
     }
 }
 
-impl InferenceRequest {
+impl InferenceRequest<'_> {
     /// A chat request's `(role, content)` messages, read back from `prompt`.
     pub fn messages(&self) -> impl Iterator<Item = (&str, &str)> {
         let mut at = 0usize;
@@ -417,7 +422,20 @@ fn chat_prompt(v: Option<&Json>, spans: &mut Vec<(u32, u32)>) -> Result<String, 
 /// of a response: how the response path reads `usage` counts from the end of a body or of
 /// a stream chunk without parsing the whole JSON.
 pub fn usage_number(window: &[u8], key: &[u8]) -> Option<u64> {
-    let at = window.windows(key.len()).rposition(|w| w == key)?;
+    // The last occurrence: each position is told apart by two of the key's inner bytes
+    // (its quotes are everywhere in JSON) before the whole key is compared.
+    let n = key.len();
+    let (i, j) = if n >= 3 {
+        (1, n - 2)
+    } else {
+        (0, n.saturating_sub(1))
+    };
+    let (a, b) = (*key.get(i)?, *key.get(j)?);
+    let at = (0..=window.len().checked_sub(n)?).rev().find(|&at| {
+        window.get(at + i) == Some(&a)
+            && window.get(at + j) == Some(&b)
+            && window.get(at..at + n) == Some(key)
+    })?;
     let rest = window.get(at + key.len()..)?;
     let digits: Vec<u8> = rest
         .iter()
@@ -520,7 +538,7 @@ mod tests {
         for (api, body, model, prompt) in cases {
             let r = parse_request(api, body).unwrap();
             assert_eq!(
-                (r.model.as_str(), r.prompt.as_str()),
+                (r.model.as_str(), r.prompt.as_ref()),
                 (model, prompt),
                 "{api:?}"
             );
@@ -566,6 +584,20 @@ mod tests {
         .unwrap();
         let m: Vec<_> = r.messages().collect();
         assert_eq!(m, vec![("user", "a: b\nuser: c"), ("assistant", "")]);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn usage_numbers_are_read_from_the_last_occurrence_of_their_key() {
+        let w = br#"{"usage":{"prompt_tokens":12,"cached_tokens": 8},"x":{"prompt_tokens" : 30}}"#;
+        assert_eq!(usage_number(w, b"\"prompt_tokens\""), Some(30));
+        assert_eq!(usage_number(w, b"\"cached_tokens\""), Some(8));
+        assert_eq!(usage_number(w, b"\"input_tokens\""), None);
+        assert_eq!(
+            usage_number(b"\"cached_tokens\"", b"\"cached_tokens\""),
+            None
+        );
+        assert_eq!(usage_number(b"ab", b"\"cached_tokens\""), None);
+        assert_eq!(usage_number(b"\"n\":7", b"\"n\""), Some(7));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

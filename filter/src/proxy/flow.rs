@@ -197,9 +197,10 @@ fn queue_labels<'a>(
 
 /// Records a request's final outcome in the queue metrics.
 fn finalize(rt: &Runtime, w: &Waiting, outcome: Outcome, parked: bool, now_us: u64) {
-    let priority = w.priority.to_string();
+    let priority = stats::IntLabel::new(w.priority);
+    let priority = priority.as_str();
     if parked {
-        let labels = queue_labels(rt, &w.fairness_id, &priority, &w.route);
+        let labels = queue_labels(rt, &w.fairness_id, priority, &w.route);
         stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, -1);
         stats::add(
             &metrics::FLOW_QUEUE_BYTES,
@@ -211,7 +212,7 @@ fn finalize(rt: &Runtime, w: &Waiting, outcome: Outcome, parked: bool, now_us: u
         &metrics::FLOW_QUEUE_DURATION,
         &[
             &w.fairness_id,
-            &priority,
+            priority,
             outcome.label(),
             &rt.pool.name,
             &w.route.model,
@@ -221,7 +222,7 @@ fn finalize(rt: &Runtime, w: &Waiting, outcome: Outcome, parked: bool, now_us: u
     );
     stats::add(
         &metrics::FLOW_REQUESTS,
-        &[outcome.label(), &priority, &rt.pool.name],
+        &[outcome.label(), priority, &rt.pool.name],
         1,
     );
 }
@@ -318,13 +319,14 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         }
         result
     });
-    let priority = req.priority.to_string();
+    let priority = stats::IntLabel::new(req.priority);
+    let priority = priority.as_str();
     // The admission's own duration; a queued request's outcome is not known yet (the
     // reference's `NotYetFinalized`).
     let enqueued = |outcome: &str| {
         stats::record(
             &metrics::FLOW_ENQUEUE_DURATION,
-            &[req.fairness_id, &priority, outcome],
+            &[req.fairness_id, priority, outcome],
             host::clock_us().saturating_sub(now_us),
         );
     };
@@ -341,7 +343,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         }
         Some(Ok(Admission::Queued)) => {
             enqueued("NotYetFinalized");
-            let labels = queue_labels(&rt, req.fairness_id, &priority, req.route);
+            let labels = queue_labels(&rt, req.fairness_id, priority, req.route);
             stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, 1);
             stats::add(
                 &metrics::FLOW_QUEUE_BYTES,
@@ -550,7 +552,7 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
         return;
     };
     match route::route(me, r.ctx, &rt, &w.route, None, w.tokens) {
-        Ok(endpoint) => {
+        Ok(sent) => {
             if let Err(status) = host::resume_request() {
                 log::error!("cannot resume a released request: status {status}");
             }
@@ -559,7 +561,8 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
                     r.ctx,
                     Running {
                         dispatched_ms: now_us / 1000,
-                        ..Running::new(endpoint, &w.route, w.tokens, true, w.enqueue_us)
+                        series: sent.series,
+                        ..Running::new(sent.endpoint, &w.route, w.tokens, true, w.enqueue_us)
                     },
                 )
             });
@@ -574,7 +577,14 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
 /// A parked request's stream ended (client gone): remove it and free what it held.
 /// Returns whether it was parked here.
 pub fn cancelled(ctx: u32, current: u32) -> bool {
-    let Some(Some(r)) = vm::with(|vm| vm.parked.remove(ctx)) else {
+    // Nothing parked (always so with flow control off): nothing to look up.
+    let Some(Some(r)) = vm::with(|vm| {
+        if vm.parked.is_empty() {
+            None
+        } else {
+            vm.parked.remove(ctx)
+        }
+    }) else {
         return false;
     };
     let Some(rt) = vm::runtime() else {

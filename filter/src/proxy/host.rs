@@ -316,7 +316,9 @@ pub fn header(map: Map, name: &str) -> Result<Option<String>, Status> {
             &mut size,
         ) {
             OK => Ok(Some(
-                String::from_utf8_lossy(&owned(data, size)).into_owned(),
+                // The host's buffer becomes the string (a copy only when not UTF-8).
+                String::from_utf8(owned(data, size))
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
             )),
             NOT_FOUND => Ok(None),
             status => Err(status),
@@ -349,7 +351,12 @@ pub fn remove_header(map: Map, name: &str) -> Result<(), Status> {
 
 /// A property such as `["upstream", "address"]`; `None` when not available.
 pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
-    let serialized = path.join("\0");
+    property_at(&path.join("\0"))
+}
+
+/// [`property`] by its path already serialized, the segments NUL-separated
+/// (`"upstream\0address"`): no allocation for a constant path.
+pub fn property_at(serialized: &str) -> Result<Option<Vec<u8>>, Status> {
     let mut data = null_mut();
     let mut size = 0usize;
     // SAFETY: path slice and out-pointers are valid; the returned buffer is ours.

@@ -14,7 +14,6 @@ use super::route::RouteInput;
 use super::vm::{self, Running};
 use super::{feedback, host, host::Map, latency, route, stats};
 use crate::classify::classify;
-use crate::config::DEFAULT_FAIRNESS_ID;
 use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
@@ -36,7 +35,8 @@ use std::rc::Rc;
 pub struct Http {
     id: u32,
     rt: Rc<Runtime>,
-    path: String,
+    /// The API, from the request's path.
+    api: Api,
     fairness_id: String,
     objective: Option<String>,
     slo_ttft_ms: Option<u64>,
@@ -56,8 +56,9 @@ impl Http {
         Self {
             id,
             rt,
-            path: String::new(),
-            fairness_id: DEFAULT_FAIRNESS_ID.to_string(),
+            api: Api::Completions,
+            // Set by the request headers' classification (no allocation before).
+            fairness_id: String::new(),
             objective: None,
             slo_ttft_ms: None,
             slo: Slo::default(),
@@ -86,24 +87,28 @@ impl Http {
         target
     }
 
+    /// What routing needs, moved out of the request's headers (read once, routed once)
+    /// and its parsed body (`model` is taken: read it from the input after this).
     fn route_input(
-        &self,
-        request: Option<&InferenceRequest>,
-        target: &str,
+        &mut self,
+        request: Option<&mut InferenceRequest<'_>>,
+        target: String,
         body_bytes: usize,
     ) -> RouteInput {
+        let streaming = request.as_ref().is_some_and(|r| r.stream);
+        let api = request.as_ref().map(|r| r.api);
         RouteInput {
-            model: request.map_or(String::new(), |r| r.model.clone()),
-            target: target.to_string(),
-            fairness_id: self.fairness_id.clone(),
+            model: request.map_or(String::new(), |r| std::mem::take(&mut r.model)),
+            target,
+            fairness_id: std::mem::take(&mut self.fairness_id),
             priority: self.rt.pool.priority_of(self.objective.as_deref()),
-            api: request.map(|r| r.api),
+            api,
             body_bytes,
-            subset: self.subset.clone(),
-            session: self.session.clone(),
+            subset: self.subset.take(),
+            session: self.session.take(),
             slo: self.slo,
             prediction_based: self.prediction_based,
-            streaming: request.is_some_and(|r| r.stream),
+            streaming,
         }
     }
 
@@ -120,19 +125,18 @@ impl Http {
     /// Routes the request now and remembers it as running.
     fn go(
         &self,
-        input: &RouteInput,
-        request: Option<&InferenceRequest>,
+        input: RouteInput,
+        request: Option<&InferenceRequest<'_>>,
         flow_controlled: bool,
         tokens: u64,
         dispatched_ms: u64,
     ) -> Action {
         let vm_id = vm::id();
-        let model = input.model.as_str();
-        match route::route(vm_id, self.id, &self.rt, input, request, tokens) {
-            Ok(endpoint) => {
+        match route::route(vm_id, self.id, &self.rt, &input, request, tokens) {
+            Ok(sent) => {
                 let running = Running {
                     dispatched_ms,
-                    ..Running::new(endpoint, input, tokens, flow_controlled, self.received_us)
+                    ..Running::from_input(sent, input, tokens, flow_controlled, self.received_us)
                 };
                 vm::with(|vm| vm.running.insert(self.id, running));
                 Action::Continue
@@ -142,11 +146,11 @@ impl Http {
                     // Give the flow-control slot back.
                     let held = Running {
                         dispatched_ms,
-                        ..Running::new(String::new(), input, tokens, flow_controlled, 0)
+                        ..Running::new(String::new(), &input, tokens, flow_controlled, 0)
                     };
                     flow::finished(&held, self.id);
                 }
-                self.reject(&e, model)
+                self.reject(&e, &input.model)
             }
         }
     }
@@ -190,7 +194,7 @@ impl Http {
 
 /// Whether the current request arrived on local port `port`.
 fn on_port(port: u16) -> bool {
-    match host::property(&["destination", "port"]) {
+    match host::property_at("destination\0port") {
         Ok(Some(bytes)) => <[u8; 8]>::try_from(bytes.as_slice())
             .map(i64::from_le_bytes)
             .is_ok_and(|p| p == i64::from(port)),
@@ -243,12 +247,13 @@ impl HttpContext for Http {
             Vec::new()
         });
         let headers = HeaderMap::decode(&bytes);
-        self.path = headers.get(":path").unwrap_or_default().to_string();
+        let path = headers.get(":path").unwrap_or_default();
         if let Some(m) = &self.rt.pool.metrics_endpoint {
-            if self.path.split('?').next() == Some(m.path.as_str()) && on_port(m.port) {
+            if path.split('?').next() == Some(m.path.as_str()) && on_port(m.port) {
                 return serve_metrics(m.idle_series_ms);
             }
         }
+        self.api = Api::from_path(path);
         // The flow, from the source `pool.classification` trusts (a host call only for
         // a metadata / filter-state source).
         let classified = classify(&self.rt.pool.classification, &headers, &mut |path| {
@@ -300,8 +305,8 @@ impl HttpContext for Http {
         }
         if end_of_stream {
             // No body (GET /v1/models and the like): any endpoint will do.
-            let input = self.route_input(None, "", 0);
-            return self.go(&input, None, false, 0, 0);
+            let input = self.route_input(None, String::new(), 0);
+            return self.go(input, None, false, 0, 0);
         }
         Action::Pause
     }
@@ -325,7 +330,7 @@ impl HttpContext for Http {
                 return self.reject(&e, "");
             }
         };
-        let request = match parse_request(Api::from_path(&self.path), &body) {
+        let mut request = match parse_request(self.api, &body) {
             Ok(r) => r,
             Err(e) => return self.reject(&e, ""),
         };
@@ -338,8 +343,8 @@ impl HttpContext for Http {
         } else {
             request.model.clone()
         };
-        let mut body = body;
-        let mut replaced = false;
+        // The body as sent: the one read (which the parsed request borrows), or its rewrite.
+        let mut rewritten_body = None;
         if target != request.model {
             let Some(new_body) = model_rewrite::rewrite_body(&body, &target) else {
                 let e = ApiError::internal("cannot rewrite the model of the request");
@@ -356,18 +361,19 @@ impl HttpContext for Http {
                 let e = ApiError::internal("cannot rewrite the model of the request");
                 return self.reject(&e, &request.model);
             }
-            body = new_body;
-            replaced = true;
+            rewritten_body = Some(new_body);
             self.rewritten = Some(model_rewrite::Restorer::new(&target, &request.model));
         }
         if cfg!(feature = "ladder-parse") {
             return self.ladder_route();
         }
-        let input = self.route_input(Some(&request), &target, body.len());
+        let replaced = rewritten_body.is_some();
+        let body: &[u8] = rewritten_body.as_deref().unwrap_or(&body);
+        let input = self.route_input(Some(&mut request), target, body.len());
         let meta = RequestMeta {
-            fairness_id: &self.fairness_id,
-            priority: self.rt.pool.priority_of(self.objective.as_deref()),
-            model: &request.model,
+            fairness_id: &input.fairness_id,
+            priority: input.priority,
+            model: &input.model,
             bytes: u64::try_from(body.len()).unwrap_or(u64::MAX),
             received_us: self.received_us,
             slo_ttft_ms: self.slo_ttft_ms,
@@ -379,7 +385,7 @@ impl HttpContext for Http {
                 flow_controlled,
                 tokens,
             } => self.go(
-                &input,
+                input,
                 Some(&request),
                 flow_controlled,
                 tokens,
@@ -389,13 +395,13 @@ impl HttpContext for Http {
                 // Envoy holds the body in the 16 KiB read slice it arrived in; a copy of
                 // the exact size makes a parked stream much cheaper to hold.
                 if !replaced {
-                    if let Err(status) = host::replace_request_body(body_size, &body) {
+                    if let Err(status) = host::replace_request_body(body_size, body) {
                         log::debug!("cannot compact the parked body: status {status}");
                     }
                 }
                 Action::Pause
             }
-            Admit::Reject(e) => self.reject(&e, &request.model),
+            Admit::Reject(e) => self.reject(&e, &input.model),
         }
     }
 
@@ -417,22 +423,34 @@ impl HttpContext for Http {
         } else {
             None
         };
-        let Some(Some((endpoint, tokens))) = vm::with(|vm| {
+        let Some(Some(tokens)) = vm::with(|vm| {
             vm.running.get_mut(&self.id).map(|r| {
                 r.status = status;
-                (r.endpoint.clone(), r.tokens)
+                r.tokens
             })
         }) else {
             return Action::Continue;
         };
         // The address Envoy actually connected to (after any retry); our pick otherwise.
-        let served = host::property(&["upstream", "address"])
+        let reported = host::property_at("upstream\0address")
             .ok()
             .flatten()
             .and_then(|b| String::from_utf8(b).ok())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| endpoint.clone());
-        if served != endpoint {
+            .filter(|s| !s.is_empty());
+        // The request now runs on the endpoint that answers (the pick it leaves, if another).
+        let Some(Some((served, left))) = vm::with(|vm| {
+            vm.running.get_mut(&self.id).map(|r| match reported {
+                Some(s) if s != r.endpoint => {
+                    let pick = std::mem::replace(&mut r.endpoint, s.clone());
+                    (s, Some(pick))
+                }
+                Some(s) => (s, None),
+                None => (r.endpoint.clone(), None),
+            })
+        }) else {
+            return Action::Continue;
+        };
+        if let Some(endpoint) = left {
             // Envoy retried on a fallback (override_host with a retry policy): the pick
             // failed before answering, and the request now loads the one that answers.
             let health = &self.rt.pool.passive_health;
@@ -444,11 +462,6 @@ impl HttpContext for Http {
                 host::clock_us(),
                 watch,
             );
-            vm::with(|vm| {
-                if let Some(r) = vm.running.get_mut(&self.id) {
-                    r.endpoint = served.clone();
-                }
-            });
         }
         feedback::served(self.id, &served);
         if self.rewritten.is_some() {

@@ -6,6 +6,7 @@
 //! callback) and when flow control releases a parked request (from another context, with
 //! the stream made current; its body is read and parsed again then).
 
+use super::stats::Update;
 use super::{feedback, host, host::Map, latency, stats, store::HostStore, vm};
 use crate::config::PassiveHealth;
 use crate::errors::ApiError;
@@ -48,11 +49,27 @@ pub struct RouteInput {
     pub streaming: bool,
 }
 
-fn failed(target: &str, why: &str) -> Result<String, ApiError> {
+/// A request sent: the primary endpoint, and the series its end updates.
+pub struct Dispatched {
+    /// The primary endpoint.
+    pub endpoint: String,
+    /// The metric series of the request, resolved when it was admitted ([`finished`]).
+    pub series: Option<RequestSeries>,
+}
+
+/// The running gauges a routed request's admission raised and its end lowers, resolved
+/// with the other series of its admission (one lookup by its labels for all of them).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestSeries {
+    running: stats::Series,
+    request_running: stats::Series,
+}
+
+fn failed(target: &str, why: &str) -> Result<Dispatched, ApiError> {
     refused(target, ApiError::unavailable(why))
 }
 
-fn refused(target: &str, error: ApiError) -> Result<String, ApiError> {
+fn refused(target: &str, error: ApiError) -> Result<Dispatched, ApiError> {
     stats::add(
         &metrics::SCHEDULER_ATTEMPTS,
         &["failure", target, "", "", ""],
@@ -69,18 +86,17 @@ pub fn route(
     ctx: u32,
     rt: &Runtime,
     input: &RouteInput,
-    request: Option<&InferenceRequest>,
+    request: Option<&InferenceRequest<'_>>,
     tokens: u64,
-) -> Result<String, ApiError> {
+) -> Result<Dispatched, ApiError> {
     let started_ns = host::clock_ns();
     let now = i64::try_from(started_ns / 1_000_000).unwrap_or(0);
-    let reparsed;
+    let (body, reparsed);
     let request = match (request, input.api) {
         (Some(r), _) => Some(r),
         (None, Some(api)) if input.body_bytes > 0 => {
-            reparsed = host::request_body(input.body_bytes)
-                .ok()
-                .and_then(|b| parse_request(api, &b).ok());
+            body = host::request_body(input.body_bytes).ok();
+            reparsed = body.as_deref().and_then(|b| parse_request(api, b).ok());
             reparsed.as_ref()
         }
         _ => None,
@@ -104,7 +120,7 @@ pub fn route(
             model: &input.target,
             prompt: rendered
                 .as_deref()
-                .or(request.map(|r| r.prompt.as_str()))
+                .or(request.map(|r| r.prompt.as_ref()))
                 .unwrap_or(""),
             cache_salt: request.and_then(|r| r.cache_salt.as_deref()),
             body_bytes: input.body_bytes,
@@ -201,8 +217,8 @@ pub fn route(
         Routed::None { why, pool } => {
             let filtered_out = !pool.is_empty();
             if rt.pool.fail_open {
-                if let Some(endpoint) = fail_open(vm_id, ctx, rt, pool, input, tokens, now) {
-                    return Ok(endpoint);
+                if let Some(d) = fail_open(vm_id, ctx, rt, pool, input, tokens, now) {
+                    return Ok(d);
                 }
             }
             if filtered_out {
@@ -211,10 +227,15 @@ pub fn route(
             return failed(&input.target, &why);
         }
     };
-    let Some(primary) = targets.first().cloned() else {
+    // One target (no fallbacks) is the header's whole value: nothing to join.
+    let joined = (targets.len() > 1).then(|| targets.join(","));
+    let mut targets = targets;
+    if targets.is_empty() {
         return failed(&input.target, "no model server endpoint is available");
-    };
-    let routed = host::set_header(Map::RequestHeaders, DESTINATION, &targets.join(","))
+    }
+    let primary = targets.swap_remove(0);
+    let destination = joined.as_deref().unwrap_or(&primary);
+    let routed = host::set_header(Map::RequestHeaders, DESTINATION, destination)
         .and_then(|()| host::set_header(Map::RequestHeaders, PRIMARY, &primary));
     if let Err(status) = routed {
         log::error!("cannot set {DESTINATION}: status {status}");
@@ -230,18 +251,34 @@ pub fn route(
             "P/D: prefill was decided but no prefill endpoint is available; decode runs alone on {primary}"
         );
     }
-    if let Some(m) = hit {
-        stats::observe(
-            &metrics::PREFIX_INDEXER_HIT_RATIO,
-            &[],
-            (m.ratio() * 100.0).round() as u64,
-        );
-        let bytes =
-            u64::from(m.matched) * u64::from(m.block_size_tokens) * crate::prefix::CHARS_PER_TOKEN;
-        stats::observe(&metrics::PREFIX_INDEXER_HIT_BYTES, &[], bytes);
+    let e2e = Update::Observe(outcome.e2e_us);
+    match hit {
+        Some(m) => {
+            // The decision's three histograms in one lookup.
+            let ratio = Update::Observe((m.ratio() * 100.0).round() as u64);
+            let bytes = u64::from(m.matched)
+                * u64::from(m.block_size_tokens)
+                * crate::prefix::CHARS_PER_TOKEN;
+            let group = stats::group("decision", &[], |resolve| {
+                resolve(&metrics::PREFIX_INDEXER_HIT_RATIO, &[]);
+                resolve(&metrics::PREFIX_INDEXER_HIT_BYTES, &[]);
+                resolve(&metrics::SCHEDULER_E2E_DURATION, &[]);
+            });
+            if let Some([r, b, e]) = group {
+                stats::apply(&[
+                    (r, &metrics::PREFIX_INDEXER_HIT_RATIO, ratio),
+                    (
+                        b,
+                        &metrics::PREFIX_INDEXER_HIT_BYTES,
+                        Update::Observe(bytes),
+                    ),
+                    (e, &metrics::SCHEDULER_E2E_DURATION, e2e),
+                ]);
+            }
+        }
+        None => stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], outcome.e2e_us),
     }
-    stats::observe(&metrics::SCHEDULER_E2E_DURATION, &[], outcome.e2e_us);
-    admitted(input, &primary);
+    let series = admitted(input, &primary);
     feedback::dispatched(ctx, expected, request.is_some_and(|r| r.usage_expected));
     if rt.scheduler.latency.is_some() {
         latency::dispatched(
@@ -253,7 +290,10 @@ pub fn route(
             host::clock_us(),
         );
     }
-    Ok(primary)
+    Ok(Dispatched {
+        endpoint: primary,
+        series,
+    })
 }
 
 /// `pool.failOpen`: any healthy endpoint when the scheduler chose none (`pool`: the
@@ -266,7 +306,7 @@ fn fail_open(
     input: &RouteInput,
     tokens: u64,
     now: i64,
-) -> Option<String> {
+) -> Option<Dispatched> {
     let pool: Vec<String> = if pool.is_empty() {
         vm::with(|vm| {
             vm.view.with_candidates(&rt.pool.endpoints, None, |c| {
@@ -286,47 +326,117 @@ fn fail_open(
         return None;
     }
     log::debug!("fail-open: no endpoint was chosen, sending to {pick}");
-    admitted(input, &pick);
-    Some(pick)
+    let series = admitted(input, &pick);
+    Some(Dispatched {
+        endpoint: pick,
+        series,
+    })
 }
 
-fn admitted(input: &RouteInput, endpoint: &str) {
+/// Counts a request sent to `endpoint` (attempt, total, running, size); returns the series
+/// its end updates. Every series a request updates is resolved in one group, keyed by its
+/// label values.
+fn admitted(input: &RouteInput, endpoint: &str) -> Option<RequestSeries> {
     let (model, target) = (input.model.as_str(), input.target.as_str());
-    let (pod, namespace, port) = metrics::pod_labels(endpoint);
-    stats::add(
-        &metrics::SCHEDULER_ATTEMPTS,
-        &["success", target, pod, namespace, port],
-        1,
-    );
-    stats::add(&metrics::OBJECTIVE_REQUEST_TOTAL, &[model, target], 1);
-    stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], 1);
-    let priority = input.priority.to_string();
-    stats::add(
-        &metrics::REQUEST_RUNNING,
-        &[model, target, &input.fairness_id, &priority],
-        1,
-    );
-    stats::observe(
-        &metrics::OBJECTIVE_REQUEST_SIZES,
-        &[model, target],
-        u64::try_from(input.body_bytes).unwrap_or(u64::MAX),
-    );
+    let priority = stats::IntLabel::new(input.priority);
+    let (fairness, priority) = (input.fairness_id.as_str(), priority.as_str());
+    let size = u64::try_from(input.body_bytes).unwrap_or(u64::MAX);
+    let key = [model, target, fairness, priority, endpoint];
+    let group = stats::group("request", &key, |resolve| {
+        let (pod, namespace, port) = metrics::pod_labels(endpoint);
+        resolve(
+            &metrics::SCHEDULER_ATTEMPTS,
+            &["success", target, pod, namespace, port],
+        );
+        resolve(&metrics::OBJECTIVE_REQUEST_TOTAL, &[model, target]);
+        resolve(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model]);
+        resolve(
+            &metrics::REQUEST_RUNNING,
+            &[model, target, fairness, priority],
+        );
+        resolve(&metrics::OBJECTIVE_REQUEST_SIZES, &[model, target]);
+    });
+    let Some([attempts, total, running, request_running, sizes]) = group else {
+        // The metrics state is busy (logged): nothing can be counted.
+        return None;
+    };
+    // Resolved just now: none is stale.
+    stats::apply(&[
+        (attempts, &metrics::SCHEDULER_ATTEMPTS, Update::Add(1)),
+        (total, &metrics::OBJECTIVE_REQUEST_TOTAL, Update::Add(1)),
+        (
+            running,
+            &metrics::OBJECTIVE_RUNNING_REQUESTS,
+            Update::Add(1),
+        ),
+        (request_running, &metrics::REQUEST_RUNNING, Update::Add(1)),
+        (
+            sizes,
+            &metrics::OBJECTIVE_REQUEST_SIZES,
+            Update::Observe(size),
+        ),
+    ]);
+    Some(RequestSeries {
+        running,
+        request_running,
+    })
 }
 
 /// Records the end of a routed request: it no longer runs; its duration and response size.
+/// Through the series resolved when it was admitted, or by its labels if those went stale.
 pub fn finished(done: &super::vm::Running, response_bytes: u64, now_us: u64) {
+    let duration = now_us.saturating_sub(done.received_us);
     let (model, target) = (done.model.as_str(), done.target.as_str());
+    // Valid unless idle series were dropped since the admission (then by labels below).
+    let lowered = done.series.is_some_and(|s| {
+        stats::apply(&[
+            (
+                s.running,
+                &metrics::OBJECTIVE_RUNNING_REQUESTS,
+                Update::Add(-1),
+            ),
+            (
+                s.request_running,
+                &metrics::REQUEST_RUNNING,
+                Update::Add(-1),
+            ),
+        ])
+    });
+    if lowered {
+        // Both histograms in one lookup (resolved here, at the first request's end, as
+        // before: a series appears in the exposition with its first observation).
+        let pair: &[&str] = &[model, target];
+        let group = stats::group("request-end", pair, |resolve| {
+            resolve(&metrics::OBJECTIVE_REQUEST_DURATION, pair);
+            resolve(&metrics::OBJECTIVE_RESPONSE_SIZES, pair);
+        });
+        if let Some([d, r]) = group {
+            stats::apply(&[
+                (
+                    d,
+                    &metrics::OBJECTIVE_REQUEST_DURATION,
+                    Update::Observe(duration),
+                ),
+                (
+                    r,
+                    &metrics::OBJECTIVE_RESPONSE_SIZES,
+                    Update::Observe(response_bytes),
+                ),
+            ]);
+        }
+        return;
+    }
     stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], -1);
-    let priority = done.priority.to_string();
+    let priority = stats::IntLabel::new(done.priority);
     stats::add(
         &metrics::REQUEST_RUNNING,
-        &[model, target, &done.fairness_id, &priority],
+        &[model, target, &done.fairness_id, priority.as_str()],
         -1,
     );
     stats::observe(
         &metrics::OBJECTIVE_REQUEST_DURATION,
         &[model, target],
-        now_us.saturating_sub(done.received_us),
+        duration,
     );
     stats::observe(
         &metrics::OBJECTIVE_RESPONSE_SIZES,

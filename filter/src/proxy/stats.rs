@@ -14,6 +14,7 @@
 //! observations are recorded as they happen.
 
 use super::{host, store::HostStore, vm};
+use crate::endpoint::KeyHasher;
 use crate::metrics::exposition;
 use crate::metrics::recorder::{Record, Recorder, Slot};
 use crate::metrics::{Kind, Metric};
@@ -31,11 +32,15 @@ const MAX_VMS: u64 = 1_024;
 struct Stats {
     recorder: Recorder,
     /// Envoy stat updates not yet made, by stat id ([`flush`]).
-    pending: hashbrown::HashMap<u32, Pending>,
+    pending: super::vm::IdMap<Pending>,
     ids: HashMap<String, u32>,
     /// Series already resolved, by a hash of (metric, raw label values): the recorder's
     /// slot and the Envoy stat id, found again with no allocation.
     cache: Cache,
+    /// Groups of series resolved together ([`group`]), by a hash of (site, key values).
+    groups: hashbrown::HashMap<u64, Group, std::hash::BuildHasherDefault<KeyHasher>>,
+    /// Bumped whenever slots move (idle series dropped): a [`Series`] from before is stale.
+    generation: u64,
     published_ms: i64,
     expired_ms: i64,
 }
@@ -55,6 +60,24 @@ struct Resolved {
     id: Option<u32>,
 }
 
+/// A series resolved once: the recorder's slot and this VM's Envoy stat id, updated later
+/// ([`add_to`], [`observe_in`]) with no label hashed or compared. Valid until idle series
+/// are dropped ([`expire`] moves slots); an update through a stale one is refused, and the
+/// caller updates by labels instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Series {
+    generation: u64,
+    slot: Slot,
+    id: Option<u32>,
+}
+
+/// The series of one [`group`] call site for one set of key values.
+struct Group {
+    site: &'static str,
+    key: Vec<String>,
+    series: Vec<Series>,
+}
+
 /// Resolved series kept at most (client-chosen label values vary without bound; the
 /// recorder's caps bound the series, this bounds the cache of raw values).
 const CACHE_MAX: usize = 4_096;
@@ -62,12 +85,54 @@ const CACHE_MAX: usize = 4_096;
 thread_local! {
     static STATS: RefCell<Stats> = RefCell::new(Stats {
         recorder: Recorder::default(),
-        pending: hashbrown::HashMap::new(),
+        pending: super::vm::IdMap::default(),
         ids: HashMap::new(),
         cache: Cache::default(),
+        groups: hashbrown::HashMap::default(),
+        generation: 0,
         published_ms: i64::MIN,
         expired_ms: 0,
     });
+}
+
+/// An integer label value (a priority), formatted on the stack: no allocation per use.
+pub struct IntLabel {
+    buf: [u8; 11],
+    start: usize,
+}
+
+impl IntLabel {
+    /// `n` in decimal, as `n.to_string()` writes it.
+    pub fn new(n: i32) -> Self {
+        let mut buf = [0u8; 11];
+        let mut start = buf.len();
+        let mut m = n.unsigned_abs();
+        loop {
+            start -= 1;
+            if let Some(b) = buf.get_mut(start) {
+                *b = b'0' + (m % 10) as u8;
+            }
+            m /= 10;
+            if m == 0 {
+                break;
+            }
+        }
+        if n < 0 {
+            start -= 1;
+            if let Some(b) = buf.get_mut(start) {
+                *b = b'-';
+            }
+        }
+        Self { buf, start }
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        self.buf
+            .get(self.start..)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or("")
+    }
 }
 
 fn key(vm: u64) -> String {
@@ -80,28 +145,69 @@ fn key(vm: u64) -> String {
 /// at a time: the cache compares the values of the entry it finds, so a collision only
 /// costs a second resolution, and label values are short.
 fn hash(metric: &Metric, values: &[&str]) -> u64 {
+    hash_values(metric.name.as_ptr() as u64, values)
+}
+
+/// [`hash`] of `values` after a 64-bit `start` (an address).
+fn hash_values(start: u64, values: &[&str]) -> u64 {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
     let mix = |h: u64, word: u64| (h.rotate_left(26) ^ word).wrapping_mul(K);
-    let mut h = mix(0, metric.name.as_ptr() as u64);
+    let mut h = mix(0, start);
     for v in values {
-        let mut chunks = v.as_bytes().chunks_exact(8);
+        let v = v.as_bytes();
+        let mut chunks = v.chunks_exact(8);
         for c in &mut chunks {
-            let word = c.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w));
-            h = mix(h, word);
+            h = mix(h, word(c));
         }
-        let mut tail = [0u8; 8];
-        for (t, b) in tail.iter_mut().zip(chunks.remainder()) {
-            *t = *b;
+        if !chunks.remainder().is_empty() {
+            h = mix(h, tail(v));
         }
         // The length ends each value, so ("ab", "c") and ("a", "bc") differ.
-        h = mix(mix(h, u64::from_le_bytes(tail)), v.len() as u64);
+        h = mix(h, v.len() as u64);
     }
     h ^ (h >> 29)
 }
 
+/// The first eight bytes of `b` as a word (0 if shorter).
+fn word(b: &[u8]) -> u64 {
+    b.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w))
+}
+
+/// A word that, with the length, tells apart every value whose last `len % 8` bytes
+/// differ, read without a loop over bytes: the last eight bytes (overlapping the chunk
+/// before) when there are eight, else the first and last four, else three of the bytes.
+fn tail(v: &[u8]) -> u64 {
+    let n = v.len();
+    if n >= 8 {
+        return v.get(n - 8..).map_or(0, word);
+    }
+    let four = |b: Option<&[u8]>| {
+        b.and_then(|b| b.first_chunk::<4>())
+            .map_or(0, |w| u64::from(u32::from_le_bytes(*w)))
+    };
+    if n >= 4 {
+        return four(v.get(..4)) | four(v.get(n - 4..)) << 32;
+    }
+    let byte = |i: usize| u64::from(v.get(i).copied().unwrap_or(0));
+    if n == 0 {
+        0
+    } else {
+        byte(0) | byte(n / 2) << 8 | byte(n - 1) << 16
+    }
+}
+
+/// Whether two label values are equal, compared a word at a time.
+fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut pairs = a.chunks_exact(8).zip(b.chunks_exact(8));
+    pairs.all(|(x, y)| word(x) == word(y)) && (a.len() % 8 == 0 || tail(a) == tail(b))
+}
+
 /// The cache's keys are hashes already: each is its own hash.
-type Cache =
-    hashbrown::HashMap<u64, Resolved, std::hash::BuildHasherDefault<crate::endpoint::KeyHasher>>;
+type Cache = hashbrown::HashMap<u64, Resolved, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// Runs `f` with the metrics state, the series' slot in the recorder and this VM's
 /// Envoy stat id for the (capped) labels.
@@ -112,17 +218,24 @@ fn with(metric: &'static Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slo
             return;
         };
         let stats = &mut *stats;
-        let h = hash(metric, values);
-        if let Some(r) = stats.cache.get(&h) {
-            let same = std::ptr::eq(r.metric, metric.name)
-                && r.values.len() == values.len()
-                && r.values.iter().zip(values).all(|(a, b)| a == b);
-            if same {
-                let (slot, id) = (r.slot, r.id);
-                f(stats, slot, id);
-                return;
-            }
+        let (slot, id) = resolve_in(stats, metric, values);
+        f(stats, slot, id);
+    });
+}
+
+/// The series' slot in the recorder and this VM's Envoy stat id for the (capped) labels:
+/// from the cache, else resolved and cached.
+fn resolve_in(stats: &mut Stats, metric: &'static Metric, values: &[&str]) -> (Slot, Option<u32>) {
+    let h = hash(metric, values);
+    if let Some(r) = stats.cache.get(&h) {
+        let hit = std::ptr::eq(r.metric, metric.name)
+            && r.values.len() == values.len()
+            && r.values.iter().zip(values).all(|(a, b)| same(a, b));
+        if hit {
+            return (r.slot, r.id);
         }
+    }
+    {
         let labels = stats.recorder.labels(metric, values);
         let slot = stats.recorder.slot(metric, labels.clone());
         let id = if metric.envoy {
@@ -143,8 +256,99 @@ fn with(metric: &'static Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slo
                 id,
             },
         );
-        f(stats, slot, id);
-    });
+        (slot, id)
+    }
+}
+
+/// Series resolved together, found again by one hash and compare of `key` (e.g. every
+/// series one routed request updates, keyed by its label values) instead of one per
+/// series. `series` names them, only when the group is not cached yet: it calls the
+/// resolver it is given with each metric and its label values, `N` times, always the
+/// same for one `site` and `key`. `None` when the metrics state is busy (logged) or
+/// `series` resolved another number.
+pub fn group<const N: usize>(
+    site: &'static str,
+    key: &[&str],
+    series: impl FnOnce(&mut dyn FnMut(&'static Metric, &[&str])),
+) -> Option<[Series; N]> {
+    STATS.with(|cell| {
+        let Ok(mut stats) = cell.try_borrow_mut() else {
+            log::error!("internal: nested access to the metrics");
+            return None;
+        };
+        let stats = &mut *stats;
+        let mut h = hash_values(site.as_ptr() as u64, key);
+        if let Some(g) = stats.groups.get(&h) {
+            let hit = std::ptr::eq(g.site, site)
+                && g.key.len() == key.len()
+                && g.key.iter().zip(key).all(|(a, b)| same(a, b));
+            if hit {
+                return <[Series; N]>::try_from(g.series.as_slice()).ok();
+            }
+            // Another key with the same hash: this one is resolved every time.
+            h = 0;
+        }
+        let generation = stats.generation;
+        let mut list = Vec::with_capacity(N);
+        series(&mut |metric, values| {
+            let (slot, id) = resolve_in(stats, metric, values);
+            list.push(Series {
+                generation,
+                slot,
+                id,
+            });
+        });
+        let resolved = <[Series; N]>::try_from(list.as_slice()).ok()?;
+        if h != 0 {
+            if stats.groups.len() >= CACHE_MAX {
+                stats.groups.clear();
+            }
+            stats.groups.insert(
+                h,
+                Group {
+                    site,
+                    key: key.iter().map(|v| v.to_string()).collect(),
+                    series: list,
+                },
+            );
+        }
+        Some(resolved)
+    })
+}
+
+/// An update of a resolved series.
+#[derive(Debug, Clone, Copy)]
+pub enum Update {
+    /// [`add`] this delta.
+    Add(i64),
+    /// [`observe`] this value.
+    Observe(u64),
+}
+
+/// Applies `updates`, each to a resolved series of its metric, in one access to the
+/// metrics state. `false`, with nothing done, if a series is stale (idle series were
+/// dropped since it was resolved: the caller updates by labels) or the state is busy.
+pub fn apply(updates: &[(Series, &'static Metric, Update)]) -> bool {
+    STATS.with(|cell| {
+        let Ok(mut stats) = cell.try_borrow_mut() else {
+            log::error!("internal: nested access to the metrics");
+            return false;
+        };
+        let stats = &mut *stats;
+        if updates
+            .iter()
+            .any(|(s, _, _)| s.generation != stats.generation)
+        {
+            return false;
+        }
+        for (s, metric, update) in updates {
+            match *update {
+                Update::Add(delta) => add_in(stats, s.slot, s.id, metric, delta),
+                Update::Observe(value) => observe_at(stats, s.slot, s.id, metric, value),
+            }
+        }
+        true
+    })
 }
 
 /// This VM's Envoy stat id for the capped labels, defined on first use.
@@ -174,12 +378,16 @@ fn envoy_id(stats: &mut Stats, metric: &Metric, labels: &[String]) -> Option<u32
 /// Adds `delta` (in the metric's recorded unit) to a counter or gauge.
 pub fn add(metric: &'static Metric, values: &[&str], delta: i64) {
     with(metric, values, |stats, slot, id| {
-        stats.recorder.add_at(slot, metric, delta);
-        if let Some(id) = id {
-            let p = stats.pending.entry(id).or_default();
-            p.delta = p.delta.saturating_add(delta);
-        }
+        add_in(stats, slot, id, metric, delta);
     });
+}
+
+fn add_in(stats: &mut Stats, slot: Slot, id: Option<u32>, metric: &Metric, delta: i64) {
+    stats.recorder.add_at(slot, metric, delta);
+    if let Some(id) = id {
+        let p = stats.pending.entry(id).or_default();
+        p.delta = p.delta.saturating_add(delta);
+    }
 }
 
 /// Records a histogram observation, or sets a gauge, in the metric's recorded unit.
@@ -222,35 +430,40 @@ pub fn set_value(metric: &'static Metric, values: &[&str], value: f64) {
 /// Records a histogram observation in the metric's recorded unit.
 pub fn observe(metric: &'static Metric, values: &[&str], value: u64) {
     with(metric, values, |stats, slot, id| {
-        stats.recorder.observe_at(slot, metric, value);
-        if let Some(id) = id {
-            if let Err(status) = host::record_metric(id, value) {
-                log::warn!("cannot record metric {}: status {status}", metric.name);
-            }
-        }
+        observe_at(stats, slot, id, metric, value);
     });
+}
+
+fn observe_at(stats: &mut Stats, slot: Slot, id: Option<u32>, metric: &Metric, value: u64) {
+    stats.recorder.observe_at(slot, metric, value);
+    if let Some(id) = id {
+        if let Err(status) = host::record_metric(id, value) {
+            log::warn!("cannot record metric {}: status {status}", metric.name);
+        }
+    }
 }
 
 /// Makes the counter and gauge updates since the last call in Envoy's stats (at a
 /// request's end and on the tick): one host call per stat that changed.
 pub fn flush() {
-    let pending: Vec<(u32, Pending)> = STATS.with(|cell| {
-        cell.try_borrow_mut()
-            .map(|mut stats| stats.pending.drain().collect())
-            .unwrap_or_default()
+    STATS.with(|cell| {
+        let Ok(mut stats) = cell.try_borrow_mut() else {
+            return;
+        };
+        // The host calls touch no metrics state: made while it is held, nothing copied.
+        for (id, p) in stats.pending.drain() {
+            if let Some(value) = p.set {
+                if let Err(status) = host::record_metric(id, value) {
+                    log::warn!("cannot set metric {id}: status {status}");
+                }
+            }
+            if p.delta != 0 {
+                if let Err(status) = host::increment_metric(id, p.delta) {
+                    log::warn!("cannot update metric {id}: status {status}");
+                }
+            }
+        }
     });
-    for (id, p) in pending {
-        if let Some(value) = p.set {
-            if let Err(status) = host::record_metric(id, value) {
-                log::warn!("cannot set metric {id}: status {status}");
-            }
-        }
-        if p.delta != 0 {
-            if let Err(status) = host::increment_metric(id, p.delta) {
-                log::warn!("cannot update metric {id}: status {status}");
-            }
-        }
-    }
 }
 
 /// Publishes this VM's record if [`PUBLISH_MS`] passed since the last time (or `force`).
@@ -319,6 +532,8 @@ pub fn expire(vm: u64, now_ms: i64, idle_ms: i64) {
         if dropped > 0 {
             // Slots moved: resolve every series again.
             stats.cache.clear();
+            stats.groups.clear();
+            stats.generation += 1;
             log::debug!("dropped {dropped} idle metric series");
         }
     });

@@ -16,7 +16,36 @@ use crate::shared_store::update;
 use hashbrown::HashMap;
 use prost::Message;
 use std::cell::RefCell;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
+
+/// A map keyed by an id Envoy hands out (a context's, a metric's), hashed by [`IdHasher`].
+pub type IdMap<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`IdMap`]: one 64-bit multiplication (the default hasher's 128-bit
+/// product is a library call on wasm32, on every lookup). The product's high bits, which
+/// the map's control bytes take, mix every bit of the id; its low bits, which choose the
+/// bucket, keep consecutive ids apart. Ids are Envoy's, not a client's choice.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+const ID_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(ID_MULTIPLIER);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(ID_MULTIPLIER);
+    }
+}
 
 /// Shared-data key of the counter that hands out VM ids.
 pub const VM_SEQ_KEY: &str = "epp.v1.vm-seq";
@@ -63,6 +92,8 @@ pub struct Running {
     pub received_us: u64,
     /// When flow control dispatched it (ms; 0 when it did not).
     pub dispatched_ms: u64,
+    /// The metric series its end updates, resolved when it was admitted.
+    pub series: Option<super::route::RequestSeries>,
 }
 
 impl Running {
@@ -85,6 +116,30 @@ impl Running {
             received_us,
             dispatched_ms: 0,
             status: None,
+            series: None,
+        }
+    }
+
+    /// [`Running::new`], taking the input's strings instead of copying them.
+    pub fn from_input(
+        sent: super::route::Dispatched,
+        input: super::route::RouteInput,
+        tokens: u64,
+        flow_controlled: bool,
+        received_us: u64,
+    ) -> Self {
+        Self {
+            endpoint: sent.endpoint,
+            model: input.model,
+            target: input.target,
+            fairness_id: input.fairness_id,
+            priority: input.priority,
+            tokens,
+            flow_controlled,
+            received_us,
+            dispatched_ms: 0,
+            status: None,
+            series: sent.series,
         }
     }
 }
@@ -103,7 +158,7 @@ pub struct Vm {
     /// How far this VM has read the shared prefix log.
     pub cursor: Cursor,
     /// Requests watched for cached-token feedback, by context id.
-    pub watched: HashMap<u32, Watch>,
+    pub watched: IdMap<Watch>,
     /// Endpoints known to report `cached_tokens`.
     pub reporters: Reporters,
     /// This VM's view of the snapshots and discovered endpoints.
@@ -111,7 +166,7 @@ pub struct Vm {
     /// Requests parked by flow control on this VM.
     pub parked: Parked<Waiting>,
     /// Requests routed upstream from this VM, by context id.
-    pub running: HashMap<u32, Running>,
+    pub running: IdMap<Running>,
     /// This VM's inbox queue id, once registered.
     pub inbox: Option<u32>,
     /// Other VMs' inbox queue ids, by VM id.
@@ -121,7 +176,7 @@ pub struct Vm {
     /// The plugin is shutting down: parked requests are being answered.
     pub draining: bool,
     /// Requests observed for the latency predictor, by context id.
-    pub tracked: HashMap<u32, Tracked>,
+    pub tracked: IdMap<Tracked>,
     /// This VM's copy of the published latency model.
     pub model: Cache,
     /// Its running SLO requests, and every VM's as of its last tick.

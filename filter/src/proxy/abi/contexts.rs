@@ -8,13 +8,13 @@
 //! before the plugin was configured, or one already ended) does nothing.
 
 use super::traits::{ContextType, HttpContext, NewRoot, RootContext};
-use hashbrown::HashMap;
+use crate::proxy::vm::IdMap;
 use std::cell::{Cell, RefCell};
 
 thread_local! {
     static NEW_ROOT: Cell<Option<NewRoot>> = const { Cell::new(None) };
-    static ROOTS: RefCell<HashMap<u32, Box<dyn RootContext>>> = RefCell::new(HashMap::new());
-    static HTTP: RefCell<HashMap<u32, Box<dyn HttpContext>>> = RefCell::new(HashMap::new());
+    static ROOTS: RefCell<IdMap<Box<dyn RootContext>>> = RefCell::new(IdMap::default());
+    static HTTP: RefCell<IdMap<Box<dyn HttpContext>>> = RefCell::new(IdMap::default());
 }
 
 /// How root contexts are made.
