@@ -535,6 +535,64 @@ mod tests {
             .all(|(_, v)| matches!(v, Json::Str(Cow::Borrowed(_)))));
     }
 
+    /// Mutations of the fuzz corpus's request bodies (bytes flipped, JSON tokens spliced
+    /// in, cut short): wherever the fast path answers, it answers what `serde_json` does.
+    #[cfg(not(target_arch = "wasm32"))]
+    #[test]
+    fn agrees_with_serde_json_on_mutated_bodies() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/request_body");
+        let mut seeds: Vec<Vec<u8>> = std::fs::read_dir(dir)
+            .expect("the request_body corpus")
+            .map(|e| std::fs::read(e.expect("entry").path()).expect("a corpus file"))
+            .collect();
+        seeds.push(
+            br#"{"model":"m","prompt":"a\u00e9\n","max_tokens":3,"x":[1,-2.5,{"y":null}]}"#
+                .to_vec(),
+        );
+        const TOKENS: [&[u8]; 14] = [
+            b"\"",
+            b"\\",
+            b"\\u00e9",
+            b"\\ud83d",
+            b"{",
+            b"}",
+            b"[",
+            b"]",
+            b",",
+            b":",
+            b"-1",
+            b"1e5",
+            b"\"model\":",
+            b"\xc3\xa9",
+        ];
+        let mut rng = crate::rng::Rng::new(7);
+        let (mut handled, mut total) = (0, 0);
+        for _ in 0..20_000 {
+            let mut body = seeds[rng.below(seeds.len())].clone();
+            for _ in 0..1 + rng.below(3) {
+                let at = rng.below(body.len() + 1);
+                match rng.below(4) {
+                    0 if at < body.len() => body[at] = rng.next_u64() as u8,
+                    1 => {
+                        let token = TOKENS[rng.below(TOKENS.len())];
+                        body.splice(at..at, token.iter().copied());
+                    }
+                    2 if at < body.len() => {
+                        body.remove(at);
+                    }
+                    _ => body.truncate(at),
+                }
+            }
+            total += 1;
+            if let Some(fast) = body_of(&body) {
+                handled += 1;
+                assert_eq!(Some(fast), slow(&body), "{}", show(&body));
+            }
+        }
+        // Enough of the mutants stay valid for the comparison to mean something.
+        assert!(handled * 20 > total, "{handled} of {total} handled");
+    }
+
     fn body_of(b: &[u8]) -> Option<Json<'_>> {
         body(b).and_then(|b| b.0)
     }
