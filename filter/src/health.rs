@@ -147,24 +147,99 @@ fn prune(list: &mut Vec<EndpointHealth>, now_ms: i64, base: i64, policy: &Passiv
 pub fn partition(candidates: &mut [Candidate], list: &[EndpointHealth], now_ms: i64) -> usize {
     // One pass over the list, one lookup per candidate: a pool of hundreds of endpoints
     // with many ejected must not cost candidates × ejections.
-    let ejected: hashbrown::HashSet<u64> = list
-        .iter()
-        .filter(|h| now_ms < h.ejected_until_ms)
-        .map(|h| h.endpoint)
-        .collect();
+    let ejected = Ejected::new(list, now_ms);
     if ejected.is_empty() {
         return candidates.len();
     }
-    let live = candidates
+    let is_out: Vec<bool> = candidates
         .iter()
-        .filter(|c| !ejected.contains(&c.key()))
-        .count();
+        .map(|c| ejected.contains(c.key()))
+        .collect();
+    let live = is_out.iter().filter(|e| !**e).count();
     if live == 0 || live == candidates.len() {
         return candidates.len();
     }
-    // Stable: each group keeps its order.
-    candidates.sort_by_key(|c| ejected.contains(&c.key()));
+    // Already in place (the list is kept between picks): nothing moves.
+    if is_out.is_sorted() {
+        return live;
+    }
+    // Stable: each group keeps its order (what a stable sort by `is_out` gives), with each
+    // live candidate moved once and each ejected one twice.
+    let mut ejected_ones = Vec::with_capacity(candidates.len() - live);
+    let mut write = 0;
+    for (read, &out) in is_out.iter().enumerate() {
+        if out {
+            if let Some(c) = candidates.get_mut(read) {
+                ejected_ones.push(std::mem::take(c));
+            }
+        } else {
+            // Between `write` and `read` are only the places emptied above.
+            candidates.swap(write, read);
+            write += 1;
+        }
+    }
+    for (place, c) in candidates.iter_mut().skip(live).zip(ejected_ones) {
+        *place = c;
+    }
     live
+}
+
+/// The keys of the endpoints ejected at one moment, for a pick's lookup per candidate: an
+/// open-addressing set (linear probing, at most half full). Endpoint keys are uniform
+/// 64-bit hashes, so each is its own hash; 0 marks an empty slot (the key 0 itself is a
+/// flag of its own).
+struct Ejected {
+    slots: Vec<u64>,
+    zero: bool,
+}
+
+impl Ejected {
+    /// The endpoints of `list` ejected at `now_ms`.
+    fn new(list: &[EndpointHealth], now_ms: i64) -> Self {
+        let ejected = || list.iter().filter(|h| now_ms < h.ejected_until_ms);
+        let size = match ejected().count() {
+            0 => 0,
+            n => n.saturating_mul(2).next_power_of_two(),
+        };
+        let mut set = Self {
+            slots: vec![0; size],
+            zero: false,
+        };
+        for h in ejected() {
+            if h.endpoint == 0 {
+                set.zero = true;
+            } else if let Some(s) = set.slot(h.endpoint).and_then(|i| set.slots.get_mut(i)) {
+                *s = h.endpoint;
+            }
+        }
+        set
+    }
+
+    fn is_empty(&self) -> bool {
+        self.slots.is_empty() && !self.zero
+    }
+
+    /// The slot holding `key` (not 0) or the empty one where it goes; `None` without
+    /// slots. Terminates: at least half the slots are empty.
+    fn slot(&self, key: u64) -> Option<usize> {
+        let mask = self.slots.len().checked_sub(1)?;
+        let mut i = (key as usize) & mask;
+        loop {
+            match *self.slots.get(i)? {
+                k if k != key && k != 0 => i = (i + 1) & mask,
+                _ => return Some(i),
+            }
+        }
+    }
+
+    fn contains(&self, key: u64) -> bool {
+        if key == 0 {
+            return self.zero;
+        }
+        self.slot(key)
+            .and_then(|i| self.slots.get(i))
+            .is_some_and(|&k| k == key)
+    }
 }
 
 #[cfg(test)]
@@ -286,5 +361,31 @@ mod tests {
         assert_eq!(Outcome::of_status(Some(503)), Some(Outcome::Failure));
         assert_eq!(Outcome::of_status(Some(429)), Some(Outcome::Success));
         assert_eq!(Outcome::of_status(None), None);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_ejected_move_to_the_end_and_both_groups_keep_their_order() {
+        let address = |i: usize| format!("10.0.{}.{}:8000", i / 256, i % 256);
+        let mut cands: Vec<Candidate> = (0..40).map(|i| Candidate::new(&address(i))).collect();
+        // Every third endpoint ejected until 1 000 ms.
+        let list: Vec<EndpointHealth> = (0..40)
+            .step_by(3)
+            .map(|i| EndpointHealth {
+                endpoint: key(&address(i)),
+                ejected_until_ms: 1_000,
+                ..EndpointHealth::default()
+            })
+            .collect();
+        let (live, out): (Vec<usize>, Vec<usize>) = (0..40).partition(|i| i % 3 != 0);
+        let expected: Vec<String> = live.iter().chain(&out).map(|&i| address(i)).collect();
+        assert_eq!(partition(&mut cands, &list, 10), live.len());
+        let order: Vec<String> = cands.iter().map(|c| c.address.clone()).collect();
+        assert_eq!(order, expected);
+        // The next pick finds them in place.
+        assert_eq!(partition(&mut cands, &list, 20), live.len());
+        let again: Vec<String> = cands.iter().map(|c| c.address.clone()).collect();
+        assert_eq!(again, expected);
+        // Over: every one is live again, in the order the list now has.
+        assert_eq!(partition(&mut cands, &list, 1_000), 40);
     }
 }

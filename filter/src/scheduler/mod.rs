@@ -132,6 +132,12 @@ pub trait Filter {
 pub trait Scorer {
     /// One score per entry of `endpoints`.
     fn score(&self, cx: &Cycle<'_>, endpoints: &[usize]) -> Vec<f64>;
+    /// Adds `weight` × each entry's score, clamped, to `totals` (same order as
+    /// `endpoints`; [`scorers::weigh`]). The default calls [`Scorer::score`]; a scorer
+    /// on a hot path scores in the same pass instead, with no vector of its own.
+    fn add_weighted(&self, cx: &Cycle<'_>, endpoints: &[usize], weight: f64, totals: &mut [f64]) {
+        scorers::weigh(totals, weight, self.score(cx, endpoints));
+    }
     /// Called after a decision is applied (state for later picks).
     fn pre_request(&self, _cx: &Cycle<'_>, _decision: &Decision) {}
 }
@@ -141,15 +147,25 @@ pub trait Picker {
     /// The chosen endpoints, best first (`(index, total score)` pairs in, indices out).
     fn pick(&self, scored: Vec<(usize, f64)>, rng: &mut Rng) -> Vec<usize>;
 
-    /// Like [`Picker::pick`], knowing each entry's requests in flight (same order); a
-    /// picker may use them to break ties. The default ignores them.
-    fn pick_with_load(
+    /// Like [`Picker::pick`], from a profile's columns: `endpoints` (indices into
+    /// `cx.candidates`) with their total `scores` (same order). A picker may read the
+    /// candidates (e.g. their requests in flight, to break ties). The default pairs them
+    /// and calls [`Picker::pick`]; a picker on a hot path reads the columns in place.
+    fn pick_among(
         &self,
-        scored: Vec<(usize, f64)>,
-        _in_flight: &[u64],
+        _cx: &Cycle<'_>,
+        endpoints: &[usize],
+        scores: &[f64],
         rng: &mut Rng,
     ) -> Vec<usize> {
-        self.pick(scored, rng)
+        self.pick(
+            endpoints
+                .iter()
+                .copied()
+                .zip(scores.iter().copied())
+                .collect(),
+            rng,
+        )
     }
 }
 

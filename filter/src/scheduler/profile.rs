@@ -45,20 +45,8 @@ impl Profile {
         let mut total = vec![0.0; endpoints.len()];
         for s in &self.scorers {
             let start = probe.now();
-            let values = s.plugin.score(cx, endpoints);
+            s.plugin.add_weighted(cx, endpoints, s.weight, &mut total);
             probe.record("Scorer", &s.type_name, &s.name, start);
-            for (t, v) in total.iter_mut().zip(values) {
-                // Clamped to [0, 1], NaN as 0 (what `is_nan` and `clamp` give, in two
-                // comparisons).
-                let v = if v >= 1.0 {
-                    1.0
-                } else if v > 0.0 {
-                    v
-                } else {
-                    0.0
-                };
-                *t += v * s.weight;
-            }
         }
         total
     }
@@ -85,13 +73,8 @@ impl Profile {
             });
         }
         let totals = self.scores(cx, &endpoints, probe);
-        let loads: Vec<u64> = endpoints
-            .iter()
-            .map(|&i| cx.candidate(i).map_or(0, |c| c.in_flight))
-            .collect();
-        let scored: Vec<(usize, f64)> = endpoints.into_iter().zip(totals).collect();
         let start = probe.now();
-        let targets = self.picker.plugin.pick_with_load(scored, &loads, rng);
+        let targets = self.picker.plugin.pick_among(cx, &endpoints, &totals, rng);
         probe.record("Picker", &self.picker.type_name, &self.picker.name, start);
         if targets.is_empty() {
             return Err(ScheduleError::NoEndpoints {

@@ -155,14 +155,8 @@ impl Params {
     /// endpoints' mean queue when that is higher); all of them if none qualifies (fail
     /// open).
     pub fn keep(&self, endpoints: &[EndpointLoad], now_ms: u64) -> Vec<bool> {
-        let q = (self.queue_depth_threshold * (1.0 + self.headroom))
-            .max(self.queue_depth_mean_factor * self.mean_fresh_waiting(endpoints, now_ms));
-        // A KV cache cannot be more than full: headroom past 1.0 would keep full servers.
-        let k = (self.kv_cache_util_threshold * (1.0 + self.headroom)).min(1.0);
-        let keep: Vec<bool> = endpoints
-            .iter()
-            .map(|e| self.fresh(e, now_ms) && e.waiting < q && e.kv_usage < k)
-            .collect();
+        let fits = self.fits(endpoints.iter().copied(), now_ms);
+        let keep: Vec<bool> = endpoints.iter().map(fits).collect();
         if keep.iter().any(|k| *k) {
             keep
         } else {
@@ -170,13 +164,41 @@ impl Params {
         }
     }
 
+    /// [`Params::keep`] in place: leaves in `endpoints` the ones whose load (`load`)
+    /// qualifies, all of them if none does. No allocation: a pick runs it over every
+    /// candidate.
+    pub fn retain<T>(
+        &self,
+        endpoints: &mut Vec<T>,
+        load: impl Fn(&T) -> EndpointLoad,
+        now_ms: u64,
+    ) {
+        let fits = self.fits(endpoints.iter().map(&load), now_ms);
+        let kept = endpoints.iter().filter(|e| fits(&load(e))).count();
+        if kept > 0 && kept < endpoints.len() {
+            endpoints.retain(|e| fits(&load(e)));
+        }
+    }
+
+    /// Whether one endpoint qualifies in the filter role, among the pool `loads`.
+    fn fits(
+        &self,
+        loads: impl Iterator<Item = EndpointLoad>,
+        now_ms: u64,
+    ) -> impl Fn(&EndpointLoad) -> bool + '_ {
+        let q = (self.queue_depth_threshold * (1.0 + self.headroom))
+            .max(self.queue_depth_mean_factor * self.mean_fresh_waiting(loads, now_ms));
+        // A KV cache cannot be more than full: headroom past 1.0 would keep full servers.
+        let k = (self.kv_cache_util_threshold * (1.0 + self.headroom)).min(1.0);
+        move |e| self.fresh(e, now_ms) && e.waiting < q && e.kv_usage < k
+    }
+
     /// The mean scraped queue of the endpoints with fresh metrics (0 if none).
-    fn mean_fresh_waiting(&self, endpoints: &[EndpointLoad], now_ms: u64) -> f64 {
+    fn mean_fresh_waiting(&self, loads: impl Iterator<Item = EndpointLoad>, now_ms: u64) -> f64 {
         if self.queue_depth_mean_factor <= 0.0 {
             return 0.0;
         }
-        let (n, sum) = endpoints
-            .iter()
+        let (n, sum) = loads
             .filter(|e| self.fresh(e, now_ms))
             .fold((0u32, 0.0), |(n, s), e| (n + 1, s + e.waiting));
         if n == 0 {

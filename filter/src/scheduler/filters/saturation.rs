@@ -29,25 +29,16 @@ pub fn filter_of(detector: &Detector) -> Rc<dyn Filter> {
 pub struct Utilization(pub utilization::Params);
 
 impl Filter for Utilization {
-    fn filter(&self, cx: &Cycle<'_>, endpoints: Vec<usize>, _rng: &mut Rng) -> Vec<usize> {
-        let loads: Vec<EndpointLoad> = endpoints
-            .iter()
-            .map(|&i| match cx.candidate(i) {
-                Some(c) => EndpointLoad::scraped(
-                    c.metrics.waiting,
-                    c.metrics.kv_usage,
-                    c.metrics.updated_ms,
-                ),
-                None => EndpointLoad::UNKNOWN,
-            })
-            .collect();
+    fn filter(&self, cx: &Cycle<'_>, mut endpoints: Vec<usize>, _rng: &mut Rng) -> Vec<usize> {
+        let load = |&i: &usize| match cx.candidate(i) {
+            Some(c) => {
+                EndpointLoad::scraped(c.metrics.waiting, c.metrics.kv_usage, c.metrics.updated_ms)
+            }
+            None => EndpointLoad::UNKNOWN,
+        };
         let now = u64::try_from(cx.request.now_ms).unwrap_or(0);
-        let keep = self.0.keep(&loads, now);
+        self.0.retain(&mut endpoints, load, now);
         endpoints
-            .into_iter()
-            .zip(keep)
-            .filter_map(|(i, k)| k.then_some(i))
-            .collect()
     }
 }
 

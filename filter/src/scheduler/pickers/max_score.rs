@@ -4,14 +4,14 @@
 //! N: for N = 1 one draw among the equal best (none when one is best), whatever the pool
 //! size.
 //!
-//! Knowing the requests in flight ([`Picker::pick_with_load`], what the scheduler calls),
+//! Knowing the requests in flight ([`Picker::pick_among`], what the scheduler calls),
 //! equal scores go to the endpoint with the fewest requests in flight through this
 //! gateway first, and only then at random: with stale or equal metrics a burst spreads
 //! instead of piling onto one endpoint (the reference breaks ties at random only).
 
 use crate::config::{ConfigError, Params};
 use crate::rng::Rng;
-use crate::scheduler::Picker;
+use crate::scheduler::{Cycle, Picker};
 use serde_json::Value;
 use std::cmp::Ordering;
 
@@ -31,27 +31,40 @@ fn rank(a: (f64, u64), b: (f64, u64)) -> Ordering {
     b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
-/// The best entry: one pass for the best rank and how many share it, one draw among
-/// those, one pass to find the drawn one. The `r`-th of the equal best in candidate order
-/// for the draw `r`: what [`MaxScore::ranked`] puts first with the same draw.
-fn best(scored: &[(usize, f64)], load: impl Fn(usize) -> u64, rng: &mut Rng) -> Option<usize> {
-    let mut top: Option<(f64, u64)> = None;
+/// A score as an integer in [`f64::total_cmp`]'s order (what [`rank`] compares), so the
+/// one-pass search compares integers.
+fn order(score: f64) -> i64 {
+    let bits = score.to_bits() as i64;
+    bits ^ (((bits >> 63) as u64) >> 1) as i64
+}
+
+/// The best entry of `entries` (`(index, score, in flight)`, read twice at most): one
+/// pass for the best rank, the first entry holding it and how many share it; when more
+/// than one, one draw among those and one pass to find the drawn one. The `r`-th of the
+/// equal best in candidate order for the draw `r`: what [`MaxScore::ranked`] puts first
+/// with the same draw.
+fn best(entries: impl Iterator<Item = (usize, f64, u64)> + Clone, rng: &mut Rng) -> Option<usize> {
+    // (score's order, in flight, first such entry): higher score, then fewer in flight.
+    let mut top: Option<(i64, u64, usize)> = None;
     let mut ties = 0usize;
-    for (k, &(_, s)) in scored.iter().enumerate() {
-        let e = (s, load(k));
-        match top.map(|t| rank(e, t)) {
-            Some(Ordering::Greater) => {}
-            Some(Ordering::Equal) => ties += 1,
+    for (i, s, l) in entries.clone() {
+        let s = order(s);
+        match top {
+            Some((ts, tl, _)) if s < ts || (s == ts && l > tl) => {}
+            Some((ts, tl, _)) if s == ts && l == tl => ties += 1,
             _ => {
-                top = Some(e);
+                top = Some((s, l, i));
                 ties = 1;
             }
         }
     }
-    let top = top?;
-    let mut r = if ties > 1 { rng.below(ties) } else { 0 };
-    for (k, &(i, s)) in scored.iter().enumerate() {
-        if rank((s, load(k)), top).is_eq() {
+    let (ts, tl, first) = top?;
+    if ties == 1 {
+        return Some(first);
+    }
+    let mut r = rng.below(ties);
+    for (i, s, l) in entries {
+        if order(s) == ts && l == tl {
             if r == 0 {
                 return Some(i);
             }
@@ -67,15 +80,10 @@ impl MaxScore {
     /// by a random ordered sample of itself.
     fn ranked(
         &self,
-        scored: &[(usize, f64)],
-        load: impl Fn(usize) -> u64,
+        entries: impl Iterator<Item = (usize, f64, u64)>,
         rng: &mut Rng,
     ) -> Vec<usize> {
-        let mut entries: Vec<(usize, f64, u64)> = scored
-            .iter()
-            .enumerate()
-            .map(|(k, &(i, s))| (i, s, load(k)))
-            .collect();
+        let mut entries: Vec<(usize, f64, u64)> = entries.collect();
         let key = |e: &(usize, f64, u64)| (e.1, e.2);
         entries.sort_by(|a, b| rank(key(a), key(b)));
         let n = self.max_endpoints.min(entries.len());
@@ -96,17 +104,48 @@ impl Picker for MaxScore {
         self.pick_with_load(scored, &[], rng)
     }
 
-    fn pick_with_load(
+    fn pick_among(
+        &self,
+        cx: &Cycle<'_>,
+        endpoints: &[usize],
+        scores: &[f64],
+        rng: &mut Rng,
+    ) -> Vec<usize> {
+        let entries = endpoints
+            .iter()
+            .zip(scores)
+            .map(|(&i, &s)| (i, s, cx.candidate(i).map_or(0, |c| c.in_flight)));
+        self.choose(entries, rng)
+    }
+}
+
+impl MaxScore {
+    /// [`Picker::pick`] knowing each entry's requests in flight (same order; 0 where
+    /// missing).
+    pub fn pick_with_load(
         &self,
         scored: Vec<(usize, f64)>,
         in_flight: &[u64],
         rng: &mut Rng,
     ) -> Vec<usize> {
         let load = |k: usize| in_flight.get(k).copied().unwrap_or(0);
+        let entries = scored
+            .iter()
+            .enumerate()
+            .map(|(k, &(i, s))| (i, s, load(k)));
+        self.choose(entries, rng)
+    }
+
+    /// The top `max_endpoints` of `entries` (`(index, score, in flight)`).
+    fn choose(
+        &self,
+        entries: impl Iterator<Item = (usize, f64, u64)> + Clone,
+        rng: &mut Rng,
+    ) -> Vec<usize> {
         if self.max_endpoints == 1 {
-            return best(&scored, load, rng).into_iter().collect();
+            return best(entries, rng).into_iter().collect();
         }
-        self.ranked(&scored, load, rng)
+        self.ranked(entries, rng)
     }
 }
 

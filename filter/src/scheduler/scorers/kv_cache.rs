@@ -1,5 +1,6 @@
 //! `kv-cache-utilization-scorer`: `1 − KVCacheUsagePercent` (usage is a 0..1 fraction).
 
+use super::weigh;
 use crate::config::{ConfigError, Params};
 use crate::scheduler::{Cycle, Scorer};
 use serde_json::Value;
@@ -13,14 +14,22 @@ pub struct KvCache;
 
 impl Scorer for KvCache {
     fn score(&self, cx: &Cycle<'_>, endpoints: &[usize]) -> Vec<f64> {
-        endpoints
-            .iter()
-            .map(|&i| cx.candidate(i).map_or(0.0, |c| 1.0 - c.metrics.kv_usage))
-            .collect()
+        Self::scores(cx, endpoints).collect()
+    }
+
+    fn add_weighted(&self, cx: &Cycle<'_>, endpoints: &[usize], weight: f64, totals: &mut [f64]) {
+        weigh(totals, weight, Self::scores(cx, endpoints));
     }
 }
 
 impl KvCache {
+    /// The score of each entry of `endpoints`, in order.
+    fn scores<'a>(cx: &'a Cycle<'_>, endpoints: &'a [usize]) -> impl Iterator<Item = f64> + 'a {
+        endpoints
+            .iter()
+            .map(|&i| cx.candidate(i).map_or(0.0, |c| 1.0 - c.metrics.kv_usage))
+    }
+
     /// Builds the scorer from its `parameters` (it takes none).
     pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
         Params::new(Some(v), path, &[])?;

@@ -24,12 +24,36 @@ pub mod running_requests;
 pub mod session_affinity;
 pub mod token_load;
 
+/// Adds `weight` × each of `values`, clamped to [0, 1] (NaN as 0), to `totals` in order:
+/// how a profile sums its scorers.
+pub fn weigh(totals: &mut [f64], weight: f64, values: impl IntoIterator<Item = f64>) {
+    for (t, v) in totals.iter_mut().zip(values) {
+        // What `is_nan` and `clamp` give, in two comparisons.
+        let v = if v >= 1.0 {
+            1.0
+        } else if v > 0.0 {
+            v
+        } else {
+            0.0
+        };
+        *t += v * weight;
+    }
+}
+
 /// Min-max normalisation where lower is better: `(max − v)/(max − min)`; all equal → 1.
 pub fn lower_is_better(values: &[f64]) -> Vec<f64> {
+    lower_is_better_each(values.iter().copied()).collect()
+}
+
+/// [`lower_is_better`] over values read twice from `values` (once for the bounds, once
+/// for the scores) instead of a vector.
+pub fn lower_is_better_each(
+    values: impl Iterator<Item = f64> + Clone,
+) -> impl Iterator<Item = f64> {
     // Comparisons rather than `f64::min`/`max`, which wasm32 calls out of line; NaN is
     // skipped alike.
     let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
-    for &v in values {
+    for v in values.clone() {
         if v < min {
             min = v;
         }
@@ -37,8 +61,7 @@ pub fn lower_is_better(values: &[f64]) -> Vec<f64> {
             max = v;
         }
     }
-    if values.is_empty() || max <= min {
-        return vec![1.0; values.len()];
-    }
-    values.iter().map(|v| (max - v) / (max - min)).collect()
+    // Empty, or all equal: every score is 1.
+    let spread = max > min;
+    values.map(move |v| if spread { (max - v) / (max - min) } else { 1.0 })
 }

@@ -2,6 +2,7 @@
 //! reference accepts it): `matchedBlocks / totalBlocks` from the approximate prefix index
 //! with the rendezvous prior (0 when the request has no blocks). The index and its parameters are in `crate::prefix`.
 
+use super::weigh;
 use crate::config::ConfigError;
 use crate::prefix::PrefixConfig;
 use crate::scheduler::{Cycle, Scorer};
@@ -18,14 +19,20 @@ pub struct PrefixCache;
 
 impl Scorer for PrefixCache {
     fn score(&self, cx: &Cycle<'_>, endpoints: &[usize]) -> Vec<f64> {
-        endpoints
-            .iter()
-            .map(|&i| cx.prefix_affinity(i).ratio())
-            .collect()
+        Self::scores(cx, endpoints).collect()
+    }
+
+    fn add_weighted(&self, cx: &Cycle<'_>, endpoints: &[usize], weight: f64, totals: &mut [f64]) {
+        weigh(totals, weight, Self::scores(cx, endpoints));
     }
 }
 
 impl PrefixCache {
+    /// The score of each entry of `endpoints`, in order.
+    fn scores<'a>(cx: &'a Cycle<'_>, endpoints: &'a [usize]) -> impl Iterator<Item = f64> + 'a {
+        endpoints.iter().map(|&i| cx.prefix_affinity(i).ratio())
+    }
+
     /// Builds the scorer. v1.5+ ignores its parameters; v1.4 configurations put the prefix
     /// index's parameters here, so they are accepted and checked, and returned (the
     /// index uses them when no `approx-prefix-cache-producer` is declared).

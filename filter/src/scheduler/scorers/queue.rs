@@ -6,7 +6,7 @@
 //! beyond the scraped `num_requests_running` when that is more (dispatches since the last
 //! scrape). A deliberate difference from the reference, which reads only the scrape.
 
-use super::lower_is_better;
+use super::{lower_is_better_each, weigh};
 use crate::config::{ConfigError, Params};
 use crate::scheduler::{Cycle, Scorer};
 use serde_json::Value;
@@ -22,15 +22,23 @@ pub struct Queue;
 
 impl Scorer for Queue {
     fn score(&self, cx: &Cycle<'_>, endpoints: &[usize]) -> Vec<f64> {
-        let q: Vec<f64> = endpoints
-            .iter()
-            .map(|&i| cx.candidate(i).map_or(0.0, |c| c.waiting_estimate() as f64))
-            .collect();
-        lower_is_better(&q)
+        Self::scores(cx, endpoints).collect()
+    }
+
+    fn add_weighted(&self, cx: &Cycle<'_>, endpoints: &[usize], weight: f64, totals: &mut [f64]) {
+        weigh(totals, weight, Self::scores(cx, endpoints));
     }
 }
 
 impl Queue {
+    /// The score of each entry of `endpoints`, in order.
+    fn scores<'a>(cx: &'a Cycle<'_>, endpoints: &'a [usize]) -> impl Iterator<Item = f64> + 'a {
+        let q = endpoints
+            .iter()
+            .map(|&i| cx.candidate(i).map_or(0.0, |c| c.waiting_estimate() as f64));
+        lower_is_better_each(q)
+    }
+
     /// Builds the scorer from its `parameters` (it takes none).
     pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
         Params::new(Some(v), path, &[])?;
