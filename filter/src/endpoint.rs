@@ -38,6 +38,10 @@ pub struct Metrics {
     /// Requests this gateway had in flight there when the scrape was sent: the part of
     /// `running + waiting` that is its own (see [`Metrics::other_load`]).
     pub gateway_in_flight: u64,
+    /// The rendezvous prior's weight in 1/1024 of the full weight, as the scraper
+    /// published it from the servers' load (`crate::datalayer::prior_weights`); 0: none
+    /// published, read as full.
+    pub prior_weight: u16,
 }
 
 impl Metrics {

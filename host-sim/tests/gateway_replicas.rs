@@ -10,7 +10,8 @@ mod common;
 use common::filter::with_scrape_cluster;
 use common::{endpoints, sim_serving, sum_series, MODEL};
 use host_sim::world::invariants::Invariant;
-use host_sim::{ms, RequestSpec, Sim, SimConfig, SimpleUpstream, VllmConfig, US};
+use host_sim::world::upstream::{Emit, UpstreamRequest};
+use host_sim::{ms, Nanos, RequestSpec, Sim, SimConfig, SimpleUpstream, Upstream, VllmConfig, US};
 use serde_json::{json, Value};
 
 /// The default profile, with the prefix parameters on an `approx-prefix-cache-producer`
@@ -528,4 +529,156 @@ fn two_replicas_that_never_shared_state_send_a_hot_groups_overflow_to_the_same_s
         b[..n],
         "past it, the same order (one replica may need fewer): {routes:?}"
     );
+}
+
+// --- Load weights of the rendezvous prior ----------------------------------------------
+
+/// A server that also runs `extra` requests of clients these gateways do not see: its
+/// `/metrics` counts them as running.
+struct Busier {
+    inner: SimpleUpstream,
+    extra: u64,
+}
+
+impl Upstream for Busier {
+    fn start(&mut self, now: Nanos, id: u64, req: &UpstreamRequest) {
+        self.inner.start(now, id, req)
+    }
+    fn cancel(&mut self, now: Nanos, id: u64) {
+        self.inner.cancel(now, id)
+    }
+    fn next_wake(&self) -> Option<Nanos> {
+        self.inner.next_wake()
+    }
+    fn poll(&mut self, now: Nanos, out: &mut Vec<Emit>) {
+        self.inner.poll(now, out)
+    }
+    fn metrics(&mut self, now: Nanos) -> String {
+        let text = self.inner.metrics(now);
+        let add = |line: &str| -> String {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                return line.to_string();
+            };
+            let n: u64 = value.parse().expect("a count");
+            format!("{series} {}", n + self.extra)
+        };
+        text.lines()
+            .map(|l| {
+                if l.starts_with("vllm:num_requests_running") {
+                    add(l)
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    }
+}
+
+/// The first and second rendezvous owners (indices into `eps`) of group `g`'s prompts,
+/// without weights, as the filter computes them (64-character blocks, the key of the
+/// first 8).
+fn plain_owners(g: usize, eps: &[String]) -> [usize; 2] {
+    use epp_filter::prefix::{hash::hash_prompt, rendezvous};
+    let hashes = hash_prompt(MODEL, None, prompt(g, 0).as_bytes(), 64, 256);
+    let key = rendezvous::key(8, &hashes).expect("a key");
+    let [a, b] = rendezvous::owners::<2>(key, eps.iter().map(String::as_str));
+    [a.expect("an owner"), b.expect("a second owner")]
+}
+
+/// Two replicas (2 workers each, scraping every 50 ms) in front of 8 servers of which
+/// `busy` also runs 6 requests of other clients, with the default profile and the prefix
+/// parameters `prefix`: 30 s of scrapes, then `groups` new prompt groups as
+/// [`route_groups`] sends them (both replicas cold at once). Per group, the servers its
+/// requests went to.
+fn groups_beside_a_busier_server(busy: usize, groups: usize, prefix: Value) -> Vec<Vec<String>> {
+    let eps = endpoints(8);
+    let cfg = with_scrape_cluster(
+        SimConfig::new(&config(&eps, Some(prefix)))
+            .workers(2)
+            .replicas(2)
+            .seed(1),
+    );
+    let mut sim = sim_serving(cfg, &eps, |a| Busier {
+        inner: SimpleUpstream::new(a).ttft(ms(20)),
+        extra: if *a == eps[busy] { 6 } else { 0 },
+    });
+    let start = ms(30_000);
+    let ids: Vec<Vec<usize>> = (0..groups)
+        .map(|g| {
+            let at = start + ms(300 * g as u64);
+            sim.add_requests((0..8).map(|q| {
+                RequestSpec::completion(MODEL, &prompt(g, q), 2, false)
+                    .at(at + ms(40 * (q as u64 / 2)))
+                    .to_replica(q % 2)
+            }))
+        })
+        .collect();
+    let end = start + ms(300 * groups as u64 + 2_000);
+    assert!(
+        sim.run_until_answered(end).unwrap(),
+        "every request answered"
+    );
+    ids.iter()
+        .map(|group| {
+            group
+                .iter()
+                .map(|&id| {
+                    let o = sim.outcome(id);
+                    assert_eq!(o.status, Some(200), "{}", o.text());
+                    o.endpoint.clone().expect("routed")
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// With `rendezvousPriorLoadWeights`, a server persistently busier than the rest (here
+/// with clients the gateways do not see) owns fewer new prompt groups: every replica's scraper lowers its weight from
+/// the same scraped load, so two replicas that never shared state still agree on every
+/// group, and a group the busier server gives up goes, on both, to the server that is
+/// second in its rendezvous order. The other servers' groups do not move.
+#[test]
+fn a_persistently_busier_server_gives_up_groups_to_the_same_second_server_on_both_replicas() {
+    let eps = endpoints(8);
+    let groups = 24;
+    let owners: Vec<[usize; 2]> = (0..groups).map(|g| plain_owners(g, &eps)).collect();
+    // The server that owns the most of these groups without weights.
+    let busy = (0..eps.len())
+        .max_by_key(|&i| owners.iter().filter(|o| o[0] == i).count())
+        .unwrap_or(0);
+    let owned = owners.iter().filter(|o| o[0] == busy).count();
+    assert!(owned >= 4, "server {busy} owns {owned} of {groups}");
+    let with =
+        groups_beside_a_busier_server(busy, groups, json!({"rendezvousPriorLoadWeights": true}));
+    let mut kept = 0;
+    for (g, group) in with.iter().enumerate() {
+        assert!(
+            group.iter().all(|e| *e == group[0]),
+            "group {g} split between servers: {group:?}"
+        );
+        let [first, second] = owners[g];
+        if first == busy {
+            assert!(
+                group[0] == eps[busy] || group[0] == eps[second],
+                "group {g} of the busier server went to {} (second owner {})",
+                group[0],
+                eps[second]
+            );
+            kept += usize::from(group[0] == eps[busy]);
+        } else {
+            assert_eq!(group[0], eps[first], "group {g} of another server moved");
+        }
+    }
+    assert!(
+        kept * 2 <= owned,
+        "the busier server kept {kept} of its {owned} groups"
+    );
+    // Without the weights (the default), it keeps them all.
+    let without =
+        groups_beside_a_busier_server(busy, groups, json!({"rendezvousPriorLoadWeights": false}));
+    for (g, group) in without.iter().enumerate() {
+        assert_eq!(group[0], eps[owners[g][0]], "group {g} without weights");
+    }
 }

@@ -3,6 +3,7 @@
 //! * [`prometheus`] — the `/metrics` text parser.
 //! * [`mapping`] — engine metric names (vLLM current and legacy, sglang, trtllm, triton).
 //! * [`snapshot`] — per-endpoint snapshots in shared data, pool aggregates, staleness.
+//! * [`prior_weights`] — the rendezvous prior's load weights the scraper publishes.
 //! * [`lease`] — the lease that makes one VM at a time the scraper.
 //! * [`discovery`] — endpoints from Envoy's admin `/clusters` (service discovery).
 //!
@@ -11,6 +12,7 @@
 pub mod discovery;
 pub mod lease;
 pub mod mapping;
+pub mod prior_weights;
 pub mod prometheus;
 pub mod snapshot;
 pub mod source;

@@ -41,10 +41,10 @@ const FORMAT: u32 = 2;
 const HEADER_BYTES: usize = 4 + 4 + 8 + 8;
 /// Bytes of one entry: key, waiting, running, KV usage, `max_lora`, block size, blocks,
 /// scrape time, gateway in flight (8 each), where its LoRA names start (4), how many are
-/// running and waiting (2 each), flags (4).
-const ENTRY_BYTES: usize = 9 * 8 + 4 + 2 + 2 + 4;
+/// running and waiting (2 each), flags (2), the rendezvous prior's weight (2).
+const ENTRY_BYTES: usize = 9 * 8 + 4 + 2 + 2 + 2 + 2;
 /// Entry flag: the last scrape failed.
-const FAILING: u32 = 1;
+const FAILING: u16 = 1;
 
 /// The publication counter as stored.
 pub fn encode_version(version: u64) -> Vec<u8> {
@@ -83,6 +83,9 @@ pub struct EndpointSnapshot {
     pub failing: bool,
     /// Requests this gateway had in flight there when the last successful scrape was sent.
     pub gateway_in_flight: u64,
+    /// The rendezvous prior's weight in 1/1024 of the full weight (0: none published, read
+    /// as full), set by the scraper (`super::prior_weights`).
+    pub prior_weight: u16,
 }
 
 impl EndpointSnapshot {
@@ -101,6 +104,7 @@ impl EndpointSnapshot {
             updated_ms: m.updated_ms.unwrap_or(0),
             failing: false,
             gateway_in_flight: m.gateway_in_flight,
+            prior_weight: m.prior_weight,
         }
     }
 }
@@ -149,6 +153,7 @@ impl Snapshots {
             out.extend_from_slice(&u16_of(active).to_le_bytes());
             out.extend_from_slice(&u16_of(waiting).to_le_bytes());
             out.extend_from_slice(&(if e.failing { FAILING } else { 0 }).to_le_bytes());
+            out.extend_from_slice(&e.prior_weight.to_le_bytes());
             let listed = e.active_models.iter().take(active);
             for name in listed.chain(e.waiting_models.iter().take(waiting)) {
                 let name = name.as_bytes().get(..most).unwrap_or(name.as_bytes());
@@ -173,8 +178,15 @@ impl Snapshots {
     /// `max_lora`, block size, number of blocks (u64; 0 unknown), the last successful
     /// scrape (i64, ms; 0 never), this gateway's in flight at that scrape (u64), where its
     /// LoRA names start (u32, from the record's start), how many are running and waiting
-    /// (u16 each) and flags (u32; bit 0: the last scrape failed); then the names, each its
-    /// length (u16) and UTF-8 bytes, running then waiting, in entry order.
+    /// (u16 each), flags (u16; bit 0: the last scrape failed) and the rendezvous prior's
+    /// weight (u16, in 1/1024 of the full weight; 0: none published, read as full); then
+    /// the names, each its length (u16) and UTF-8 bytes, running then waiting, in entry
+    /// order.
+    ///
+    /// The weight took the upper half of what was a u32 of flags whose upper bits were
+    /// always 0, so the layout's version and keys did not change: a record of an older
+    /// build reads as full weights, and an older build reads a newer record's flags as
+    /// before (it tests bit 0 only).
     pub fn decode(bytes: Vec<u8>) -> Option<Self> {
         let (format, rest) = bytes.split_first_chunk::<4>()?;
         let (count, _) = rest.split_first_chunk::<4>()?;
@@ -301,7 +313,12 @@ impl<'a> Entry<'a> {
 
     /// The last scrape failed: the endpoint is not a candidate.
     pub fn failing(&self) -> bool {
-        self.u32_at(80) & FAILING != 0
+        self.u16_at(80) & FAILING != 0
+    }
+
+    /// The rendezvous prior's weight, in 1/1024 of the full weight (0: none published).
+    pub fn prior_weight(&self) -> u16 {
+        self.u16_at(82)
     }
 
     /// Running LoRA adapters, then waiting ones (a name that is not UTF-8 reads as "").
@@ -339,6 +356,7 @@ impl<'a> Entry<'a> {
         m.num_blocks = opt(self.u64_at(48));
         m.updated_ms = (updated_ms != 0).then_some(updated_ms);
         m.gateway_in_flight = self.gateway_in_flight();
+        m.prior_weight = self.prior_weight();
         let no_names = self.u32_at(76) == 0;
         if no_names && m.active_models.is_empty() && m.waiting_models.is_empty() {
             return;
@@ -466,6 +484,7 @@ mod tests {
             num_blocks: Some(1024),
             updated_ms: Some(7),
             gateway_in_flight: 2,
+            prior_weight: 768,
         };
         let bare = Metrics {
             waiting: 9,
@@ -524,6 +543,32 @@ mod tests {
         assert_eq!(m.active_models, ["a", "b"]);
         snap(&[]).entry(0).unwrap().write_metrics(&mut m);
         assert!(m.active_models.is_empty());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn an_older_builds_record_reads_as_full_weight_and_its_flags_as_before() {
+        let e = |failing, prior_weight| EndpointSnapshot {
+            address: "10.0.0.1:8000".into(),
+            failing,
+            prior_weight,
+            ..EndpointSnapshot::default()
+        };
+        // An older build wrote the flags as a u32: the weight's bytes were 0.
+        let older = Snapshots::encode(1, 1, &[e(true, 0)]);
+        let s = Snapshots::decode(older.clone()).unwrap();
+        let entry = s.entry(0).unwrap();
+        assert!(entry.failing());
+        assert_eq!(entry.metrics().prior_weight, 0, "none published: full");
+        // A newer record, read as an older build reads its flags (a u32, bit 0).
+        let newer = Snapshots::encode(1, 1, &[e(true, 256)]);
+        let flags = |b: &[u8]| {
+            let at = HEADER_BYTES + ENTRY_BYTES - 4;
+            u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+        };
+        assert_eq!(flags(&newer) & 1, 1);
+        assert_eq!(flags(&older), 1);
+        let s = Snapshots::decode(newer).unwrap();
+        assert_eq!(s.entry(0).unwrap().prior_weight(), 256);
     }
 
     #[wasm_bindgen_test(unsupported = test)]

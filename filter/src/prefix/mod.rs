@@ -41,6 +41,7 @@ pub const PARAMETERS: &[&str] = &[
     "rendezvousPrior",
     "rendezvousPriorBlocks",
     "rendezvousPriorChoices",
+    "rendezvousPriorLoadWeights",
     "cachedTokensFeedback",
 ];
 
@@ -62,6 +63,9 @@ pub struct PrefixConfig {
     /// Owners the prior promotes, the load scorers choosing among them
     /// (`rendezvousPriorChoices`, 1..=[`rendezvous::MAX_CHOICES`]).
     pub rendezvous_choices: u64,
+    /// Weigh each candidate's rendezvous score by the load weight the scraper published
+    /// (`rendezvousPriorLoadWeights`, off by default; [`rendezvous::weighted_owners`]).
+    pub rendezvous_load_weights: bool,
     /// Correct the index from the `cached_tokens` servers report (`cachedTokensFeedback`,
     /// on by default): detected evictions, and each endpoint's capacity learned below the
     /// configured one. Off, the reports are still compared and counted (the metrics).
@@ -86,6 +90,7 @@ impl Default for PrefixConfig {
             lru_capacity_per_server: 31_250,
             rendezvous_blocks: DEFAULT_RENDEZVOUS_BLOCKS,
             rendezvous_choices: DEFAULT_RENDEZVOUS_CHOICES,
+            rendezvous_load_weights: false,
             feedback: true,
         }
     }
@@ -138,6 +143,7 @@ impl PrefixConfig {
                 format!("must be at most {}, got {choices}", rendezvous::MAX_CHOICES),
             ));
         }
+        let load_weights = params.bool("rendezvousPriorLoadWeights", d.rendezvous_load_weights)?;
         let feedback = params.bool("cachedTokensFeedback", d.feedback)?;
         Ok(PrefixConfig {
             auto_tune,
@@ -146,6 +152,7 @@ impl PrefixConfig {
             lru_capacity_per_server: lru,
             rendezvous_blocks: if prior { prior_blocks } else { 0 },
             rendezvous_choices: choices,
+            rendezvous_load_weights: load_weights,
             feedback,
         })
     }

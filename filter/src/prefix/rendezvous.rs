@@ -18,9 +18,23 @@
 //! out an owner that is saturated, and the load scorers still count. With
 //! `rendezvousPriorChoices: 2` the second owner is taken to hold half the prompt, so every
 //! gateway falls back to the same server when the first is left out.
+//!
+//! Load weights (`rendezvousPriorLoadWeights`, off by default: they help below capacity
+//! and cost near it, BENCHMARKS.md §10): plain rendezvous gives
+//! every server chance's share of the groups, the busiest of 16 up to twice the mean.
+//! The scraper publishes with each endpoint's snapshot a weight that falls slowly while
+//! the server's average load stays above the pool's mean
+//! (`crate::datalayer::prior_weights`), and the owner is then the highest
+//! `w / -ln(h)` ([`weighted_owners`]): a lighter server owns proportionally fewer
+//! groups, only groups it owned move, and each to the server that would own it without
+//! it. Every replica scrapes the same servers, so they read the same weights.
 
 use super::index::PrefixMatch;
 use xxhash_rust::xxh64::xxh64;
+
+/// The full weight of an endpoint ([`weighted_owners`]); weights are in 1/`FULL_WEIGHT`
+/// of it, and 0 (none published) reads as full.
+pub const FULL_WEIGHT: u16 = 1024;
 
 /// The owner of `key` among `addresses`: the index with the highest rendezvous weight
 /// (ties, which need a 64-bit collision, go to the first). `None` without addresses.
@@ -33,9 +47,40 @@ pub fn owners<'a, const N: usize>(
     key: u64,
     addresses: impl IntoIterator<Item = &'a str>,
 ) -> [Option<usize>; N] {
-    let mut best: [Option<(usize, u64)>; N] = [None; N];
-    for (i, a) in addresses.into_iter().enumerate() {
-        let mut cur = Some((i, xxh64(a.as_bytes(), key)));
+    top(addresses.into_iter().map(|a| xxh64(a.as_bytes(), key)))
+}
+
+/// [`owners`] with a weight per endpoint (`(address, weight)`, the weight in
+/// 1/[`FULL_WEIGHT`], 0 read as full): endpoint `i` scores `w_i / -ln(h_i)`, `h_i` its
+/// hash mapped into (0, 1), so it owns a share of the keys proportional to its weight,
+/// and lowering one endpoint's weight moves only keys it owned, each to the endpoint
+/// that would own it without it. With every weight full, exactly [`owners`] (and no
+/// logarithm computed).
+pub fn weighted_owners<'a, const N: usize, I>(key: u64, endpoints: I) -> [Option<usize>; N]
+where
+    I: IntoIterator<Item = (&'a str, u16)>,
+    I::IntoIter: Clone,
+{
+    let endpoints = endpoints.into_iter();
+    let full = |w: u16| w == 0 || w >= FULL_WEIGHT;
+    if endpoints.clone().all(|(_, w)| full(w)) {
+        return owners(key, endpoints.map(|(a, _)| a));
+    }
+    top(endpoints.map(|(a, w)| {
+        let w = if full(w) { FULL_WEIGHT } else { w };
+        // The top 53 bits of the hash, as a float strictly inside (0, 1).
+        let h = ((xxh64(a.as_bytes(), key) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        f64::from(w) / -h.ln()
+    }))
+}
+
+/// The indices of the `N` highest `scores`, best first (ties to the first).
+fn top<T: PartialOrd + Copy, const N: usize>(
+    scores: impl Iterator<Item = T>,
+) -> [Option<usize>; N] {
+    let mut best: [Option<(usize, T)>; N] = [None; N];
+    for (i, w) in scores.enumerate() {
+        let mut cur = Some((i, w));
         // Insert into the sorted top N, shifting the lighter ones down.
         for slot in best.iter_mut() {
             let Some((_, w)) = cur else { break };
@@ -63,15 +108,20 @@ pub const MAX_CHOICES: usize = 4;
 /// (all of them when fewer), the `choices` highest-weight owners of that prefix, best
 /// first, each with the blocks it is taken to hold: the whole prompt for the first, half
 /// as much for each next rank (the first owner wins unless clearly more loaded, and every
-/// gateway falls back to the same second owner). Empty when the prior does not
+/// gateway falls back to the same second owner). `endpoints` are the candidates'
+/// addresses with their weights ([`weighted_owners`]). Empty when the prior does not
 /// apply (`blocks = 0`, `choices = 0`, no hashes, or a candidate holds the key's blocks).
-pub fn promote<'a>(
+pub fn promote<'a, I>(
     blocks: usize,
     choices: usize,
     hashes: &[u64],
     matches: &[PrefixMatch],
-    addresses: impl IntoIterator<Item = &'a str>,
-) -> Vec<(usize, u32)> {
+    endpoints: I,
+) -> Vec<(usize, u32)>
+where
+    I: IntoIterator<Item = (&'a str, u16)>,
+    I::IntoIter: Clone,
+{
     let depth = blocks.min(hashes.len());
     let Some(key) = key(blocks, hashes) else {
         return Vec::new();
@@ -81,7 +131,7 @@ pub fn promote<'a>(
         return Vec::new();
     }
     let total = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
-    owners::<MAX_CHOICES>(key, addresses)
+    weighted_owners::<MAX_CHOICES, _>(key, endpoints)
         .into_iter()
         .take(choices)
         .flatten()
@@ -148,6 +198,38 @@ mod tests {
     }
 
     #[wasm_bindgen_test(unsupported = test)]
+    fn a_lighter_endpoint_owns_fewer_keys_and_only_its_keys_move_to_their_second_owner() {
+        let a = addrs(8);
+        let keys = (0..16_000u64).map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let weights = |light: u16| {
+            let a = &a;
+            move || {
+                a.iter()
+                    .enumerate()
+                    .map(move |(i, s)| (s.as_str(), if i == 3 { light } else { 0 }))
+            }
+        };
+        let (full, quarter) = (weights(FULL_WEIGHT), weights(FULL_WEIGHT / 4));
+        let (mut owned, mut kept) = (0, 0);
+        for key in keys {
+            let plain = owners::<2>(key, a.iter().map(String::as_str));
+            assert_eq!(weighted_owners::<2, _>(key, full()), plain, "full weights");
+            let [first] = weighted_owners::<1, _>(key, quarter());
+            if plain[0] == Some(3) {
+                owned += 1;
+                kept += usize::from(first == Some(3));
+                assert!(first == Some(3) || first == plain[1], "key {key}");
+            } else {
+                assert_eq!(first, plain[0], "key {key} of another endpoint moved");
+            }
+        }
+        // A quarter of the weight of 7 others at full: a share of 0.25 / 7.25 of the
+        // keys, 28 % of those it owned at full weight.
+        let share = kept as f64 / owned as f64;
+        assert!((0.24..0.32).contains(&share), "kept {kept} of {owned}");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
     fn the_owner_does_not_depend_on_the_candidates_order() {
         let a = addrs(8);
         let mut rev = a.clone();
@@ -166,7 +248,8 @@ mod tests {
         hashes: &[u64],
         m: &[PrefixMatch],
     ) -> Vec<(usize, u32)> {
-        promote(blocks, choices, hashes, m, a.iter().map(String::as_str))
+        let full = a.iter().map(|s| (s.as_str(), FULL_WEIGHT));
+        promote(blocks, choices, hashes, m, full)
     }
 
     #[wasm_bindgen_test(unsupported = test)]

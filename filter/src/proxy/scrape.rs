@@ -14,7 +14,7 @@ use crate::datalayer::snapshot::{
     decode_version, encode_version, pool_stats, EndpointSnapshot, Snapshots, SNAPSHOTS_KEY,
     VERSION_KEY,
 };
-use crate::datalayer::{lease, mapping, prometheus};
+use crate::datalayer::{lease, mapping, prior_weights::PriorWeights, prometheus};
 use crate::endpoint::Endpoint;
 use crate::inflight::{self, endpoint_key};
 use crate::metrics;
@@ -39,6 +39,8 @@ struct Scraper {
     holder: bool,
     pending: HashMap<u32, (Pending, i64)>,
     results: HashMap<String, EndpointSnapshot>,
+    /// The rendezvous prior's load weights, published with the snapshots.
+    weights: PriorWeights,
     dirty: bool,
     last_round_ms: i64,
     last_discovery_ms: i64,
@@ -319,7 +321,8 @@ fn publish(s: &mut Scraper, now: i64) {
         .and_then(|v| decode_version(&v.bytes))
         .unwrap_or(0)
         + 1;
-    let endpoints: Vec<EndpointSnapshot> = s.results.values().cloned().collect();
+    let mut endpoints: Vec<EndpointSnapshot> = s.results.values().cloned().collect();
+    s.weights.update(now, &mut endpoints);
     let rec = Snapshots::encode(version, now, &endpoints);
     let done = set_key(SNAPSHOTS_KEY, &rec).and_then(|()| {
         update_record(

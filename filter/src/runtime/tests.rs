@@ -401,6 +401,11 @@ fn errors_name_the_field_and_the_reason() {
             "true or false",
         ),
         (
+            r#"{"plugins":[{"type":"approx-prefix-cache-producer","parameters":{"rendezvousPriorLoadWeights":1}}]}"#,
+            "plugins[0].parameters.rendezvousPriorLoadWeights",
+            "true or false",
+        ),
+        (
             r#"{"plugins":[{"type":"label-selector-filter","parameters":{"matchExpressions":[{"key":"a","operator":"Near"}]}}]}"#,
             "plugins[0].parameters.matchExpressions[0].operator",
             "unknown operator",

@@ -436,7 +436,12 @@ impl Scheduler {
         let prior = if reported_hit {
             Vec::new()
         } else {
-            rendezvous::promote(prior_blocks, choices, &hashes, &matches, addresses())
+            // 0: the full weight (`rendezvousPriorLoadWeights: false`).
+            let weighted = u16::from(p.rendezvous_load_weights);
+            let endpoints = candidates
+                .iter()
+                .map(|c| (c.address.as_str(), weighted * c.metrics.prior_weight));
+            rendezvous::promote(prior_blocks, choices, &hashes, &matches, endpoints)
         };
         let rendezvous_key = rendezvous::key(prior_blocks, &hashes);
         Prepared {

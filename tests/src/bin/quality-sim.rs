@@ -59,7 +59,9 @@
 //! chosen server's running / waiting, and the pool's mean waiting. The sampling steps
 //! the simulation in 10 ms slices; the results are the same as without it.
 //! `scripts/lib/bench/group_spread.py` and `scripts/lib/bench/slow_tenth.py` read these
-//! files (where a group's requests went; what the slowest tenth were).
+//! files (where a group's requests went; what the slowest tenth were). Beside each, the
+//! first replica's published rendezvous-prior weights every 0.5 s of the measured window
+//! (`...-weights.csv`: the time in ms, then a weight 0..1 per server).
 //!
 //! `cargo run --release -p tests --features virtual --bin quality-sim -- --help`
 
@@ -460,6 +462,7 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         })
     };
     let mut samples = a.trace.as_ref().map(|_| Vec::new());
+    let mut weights = a.trace.as_ref().map(|_| Vec::new());
     run_sampled(&mut sim, measure_from, &servers, samples.as_mut())?;
     let before = counters(&servers);
     // The gateways the measured traffic goes through.
@@ -486,6 +489,9 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         step += 1;
         run_sampled(&mut sim, t, &servers, samples.as_mut())?;
         in_flight.push(eps.iter().map(|e| sim.in_flight(e)).sum::<u64>());
+        if let Some(w) = weights.as_mut().filter(|_| step.is_multiple_of(5)) {
+            w.push((t, prior_weights(&sim, &eps)));
+        }
         if step.is_multiple_of(5) {
             waiting.push(
                 servers
@@ -552,6 +558,11 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
     }
     r.window_s = (last_finish - measure_from) as f64 / SEC as f64;
     if let Some(path) = &a.trace {
+        let side_name = side.rsplit('/').next().unwrap_or(side);
+        write_weights(
+            &format!("{path}-{side_name}-{replicas}-{qps}-weights.csv"),
+            weights.as_deref().unwrap_or_default(),
+        )?;
         write_trace(
             &format!(
                 "{path}-{}-{replicas}-{qps}.csv",
@@ -572,6 +583,39 @@ fn run(a: &Args, side: &str, replicas: usize, qps: f64) -> anyhow::Result<Measur
         .collect();
     r.wall_s = wall.elapsed().as_secs_f64();
     Ok(r)
+}
+
+/// The rendezvous prior's weights the first replica's scraper last published, per server
+/// (0..1; 1 when none published).
+fn prior_weights(sim: &Sim, eps: &[String]) -> Vec<f64> {
+    use epp_filter::datalayer::snapshot::{Snapshots, SNAPSHOTS_KEY};
+    use epp_filter::prefix::rendezvous::FULL_WEIGHT;
+    let snaps = sim.shared_data(SNAPSHOTS_KEY).and_then(Snapshots::decode);
+    eps.iter()
+        .map(|e| {
+            let w = snaps
+                .as_ref()
+                .and_then(|s| s.get(epp_filter::endpoint::key(e)))
+                .map_or(0, |s| s.prior_weight());
+            if w == 0 {
+                1.0
+            } else {
+                f64::from(w) / f64::from(FULL_WEIGHT)
+            }
+        })
+        .collect()
+}
+
+/// `--trace`: the first replica's published prior weights every 0.5 s of the measured
+/// window, one line each: the time (ms), then one weight per server.
+fn write_weights(file: &str, weights: &[(Nanos, Vec<f64>)]) -> anyhow::Result<()> {
+    let mut out = String::new();
+    for (t, w) in weights {
+        let w: Vec<String> = w.iter().map(|x| format!("{x:.4}")).collect();
+        out += &format!("{},{}\n", t / MS, w.join(","));
+    }
+    std::fs::write(file, out)?;
+    Ok(())
 }
 
 /// The servers' state at one moment of a traced run: per server (running, waiting, KV
