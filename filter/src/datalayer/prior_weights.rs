@@ -22,6 +22,15 @@
 //! rendezvous (a server whose load then rises again loses weight again). It is
 //! published quantized to [`STEPS`] of the full weight, so replicas that scrape at
 //! different instants publish exactly the same weight except near a step's edge.
+//!
+//! Near capacity the weights hold still: while the pool's mean `waiting` per endpoint
+//! (each averaged over the same [`AVERAGE_MS`]) is above [`NEAR_CAPACITY_WAITING`], no
+//! weight moves, neither down nor back up. Moving a group costs a miss on its new server
+//! (and a split while the replicas' learned indexes disagree), and near capacity every
+//! miss's prefill queues behind others, so the moves cost more than the evened load wins
+//! (BENCHMARKS.md §10). Requests waiting at a server are the sign that it is full
+//! (vLLM queues only beyond its concurrency or its KV cache), every replica scrapes the
+//! same counts, and it needs no configured concurrency.
 
 use super::snapshot::EndpointSnapshot;
 use hashbrown::HashMap;
@@ -39,6 +48,8 @@ pub const RECOVER_MS: f64 = 60_000.0;
 pub const MIN_WEIGHT: f64 = 0.25;
 /// Published weights are multiples of `1 / STEPS`.
 pub const STEPS: f64 = 16.0;
+/// The pool's mean `waiting` per endpoint (averaged) above which the weights hold still.
+pub const NEAR_CAPACITY_WAITING: f64 = 0.25;
 /// The full weight as published ([`EndpointSnapshot::prior_weight`]).
 pub const FULL: u16 = crate::prefix::rendezvous::FULL_WEIGHT;
 
@@ -47,6 +58,8 @@ pub const FULL: u16 = crate::prefix::rendezvous::FULL_WEIGHT;
 struct State {
     /// Average `running + waiting`.
     load: f64,
+    /// Average `waiting`.
+    waiting: f64,
     /// ln of the weight, in `[ln MIN_WEIGHT, 0]`.
     log_weight: f64,
 }
@@ -71,30 +84,35 @@ impl PriorWeights {
         self.state
             .retain(|a, _| endpoints.iter().any(|e| &e.address == a));
         let alpha = 1.0 - (-dt / AVERAGE_MS).exp();
-        let (mut sum, mut n) = (0.0, 0.0);
+        let (mut sum, mut sum_waiting, mut n) = (0.0, 0.0, 0.0);
         for e in endpoints.iter() {
             if e.failing || e.updated_ms == 0 {
                 continue;
             }
             let load = e.running.saturating_add(e.waiting) as f64;
-            let avg = match self.state.get_mut(e.address.as_str()) {
+            let waiting = e.waiting as f64;
+            let s = match self.state.get_mut(e.address.as_str()) {
                 Some(s) => {
                     s.load += alpha * (load - s.load);
-                    s.load
+                    s.waiting += alpha * (waiting - s.waiting);
+                    *s
                 }
                 None => {
                     let fresh = State {
                         load,
+                        waiting,
                         log_weight: 0.0,
                     };
                     self.state.insert(e.address.clone(), fresh);
-                    load
+                    fresh
                 }
             };
-            sum += avg;
+            sum += s.load;
+            sum_waiting += s.waiting;
             n += 1.0;
         }
         let mean = if n > 0.0 { sum / n } else { 0.0 };
+        let near_capacity = n > 0.0 && sum_waiting / n > NEAR_CAPACITY_WAITING;
         let step = dt / CONTROL_MS;
         let band = (1.0 + DEADBAND).ln();
         for e in endpoints.iter_mut() {
@@ -104,7 +122,9 @@ impl PriorWeights {
                 Some(s) => {
                     let error = ((s.load + 1.0) / (mean + 1.0)).ln();
                     let beyond = error.signum() * (error.abs() - band).max(0.0);
-                    let change = if beyond == 0.0 {
+                    let change = if near_capacity {
+                        0.0
+                    } else if beyond == 0.0 {
                         dt / RECOVER_MS
                     } else {
                         -step * beyond
@@ -258,6 +278,38 @@ mod tests {
             agree * 100 >= rounds * 95,
             "identical weights in {agree} of {rounds} rounds"
         );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_pool_near_capacity_holds_the_weights_where_they_are() {
+        // `pool` puts a server's load beyond 8 in `waiting`: one server at 12, the rest
+        // at 10, so every server has requests waiting (the mean is 2.1 per server).
+        let mut w = PriorWeights::default();
+        let full = run(&mut w, 16, 0, 60, |i, _| if i == 0 { 14 } else { 10 });
+        assert!(full.iter().all(|&q| q == FULL), "nothing moves: {full:?}");
+        // Lowered below capacity, a weight stays where it is once the pool fills up,
+        // neither falling further nor drifting back while the queue lasts.
+        let mut w = PriorWeights::default();
+        let lowered = run(&mut w, 16, 0, 6, |i, _| if i == 0 { 7 } else { 2 });
+        assert!(lowered[0] < FULL, "{lowered:?}");
+        // (The first second: the averaged queue builds up past the threshold.)
+        let busy = |i: usize, _| if i == 0 { 20 } else { 10 };
+        let start = run(&mut w, 16, 6_000, 1, busy);
+        let held = run(&mut w, 16, 7_000, 60, busy);
+        assert_eq!(held[0], start[0], "{held:?}");
+        assert!(held[0] > publish(MIN_WEIGHT), "{held:?}");
+        assert!(held[1..].iter().all(|&q| q == FULL), "{held:?}");
+        // The queue gone, the controller works as before.
+        let after = run(&mut w, 16, 67_000, 60, |i, _| if i == 0 { 7 } else { 2 });
+        assert_eq!(after[0], publish(MIN_WEIGHT), "{after:?}");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_short_queue_below_the_threshold_does_not_hold_the_weights() {
+        // Only the busy server queues (1 waiting: a mean of 1/16 per server).
+        let mut w = PriorWeights::default();
+        let got = run(&mut w, 16, 0, 60, |i, _| if i == 0 { 9 } else { 2 });
+        assert_eq!(got[0], publish(MIN_WEIGHT), "{got:?}");
     }
 
     #[wasm_bindgen_test(unsupported = test)]
