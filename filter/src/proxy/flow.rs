@@ -197,8 +197,8 @@ fn queue_labels<'a>(
 
 /// Records a request's final outcome in the queue metrics.
 fn finalize(rt: &Runtime, w: &Waiting, outcome: Outcome, parked: bool, now_us: u64) {
-    let priority = stats::IntLabel::new(w.priority);
-    let priority = priority.as_str();
+    let mut priority = itoa::Buffer::new();
+    let priority = priority.format(w.priority);
     if parked {
         let labels = queue_labels(rt, &w.fairness_id, priority, &w.route);
         stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, -1);
@@ -319,8 +319,8 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         }
         result
     });
-    let priority = stats::IntLabel::new(req.priority);
-    let priority = priority.as_str();
+    let mut priority = itoa::Buffer::new();
+    let priority = priority.format(req.priority);
     // The admission's own duration; a queued request's outcome is not known yet (the
     // reference's `NotYetFinalized`).
     let enqueued = |outcome: &str| {

@@ -338,8 +338,9 @@ fn fail_open(
 /// label values.
 fn admitted(input: &RouteInput, endpoint: &str) -> Option<RequestSeries> {
     let (model, target) = (input.model.as_str(), input.target.as_str());
-    let priority = stats::IntLabel::new(input.priority);
-    let (fairness, priority) = (input.fairness_id.as_str(), priority.as_str());
+    // The priority label formatted on the stack: no allocation per request.
+    let mut priority = itoa::Buffer::new();
+    let (fairness, priority) = (input.fairness_id.as_str(), priority.format(input.priority));
     let size = u64::try_from(input.body_bytes).unwrap_or(u64::MAX);
     let key = [model, target, fairness, priority, endpoint];
     let group = stats::group("request", &key, |resolve| {
@@ -427,10 +428,15 @@ pub fn finished(done: &super::vm::Running, response_bytes: u64, now_us: u64) {
         return;
     }
     stats::add(&metrics::OBJECTIVE_RUNNING_REQUESTS, &[model], -1);
-    let priority = stats::IntLabel::new(done.priority);
+    let mut priority = itoa::Buffer::new();
     stats::add(
         &metrics::REQUEST_RUNNING,
-        &[model, target, &done.fairness_id, priority.as_str()],
+        &[
+            model,
+            target,
+            &done.fairness_id,
+            priority.format(done.priority),
+        ],
         -1,
     );
     stats::observe(

@@ -95,46 +95,6 @@ thread_local! {
     });
 }
 
-/// An integer label value (a priority), formatted on the stack: no allocation per use.
-pub struct IntLabel {
-    buf: [u8; 11],
-    start: usize,
-}
-
-impl IntLabel {
-    /// `n` in decimal, as `n.to_string()` writes it.
-    pub fn new(n: i32) -> Self {
-        let mut buf = [0u8; 11];
-        let mut start = buf.len();
-        let mut m = n.unsigned_abs();
-        loop {
-            start -= 1;
-            if let Some(b) = buf.get_mut(start) {
-                *b = b'0' + (m % 10) as u8;
-            }
-            m /= 10;
-            if m == 0 {
-                break;
-            }
-        }
-        if n < 0 {
-            start -= 1;
-            if let Some(b) = buf.get_mut(start) {
-                *b = b'-';
-            }
-        }
-        Self { buf, start }
-    }
-
-    /// The text.
-    pub fn as_str(&self) -> &str {
-        self.buf
-            .get(self.start..)
-            .and_then(|b| std::str::from_utf8(b).ok())
-            .unwrap_or("")
-    }
-}
-
 fn key(vm: u64) -> String {
     format!("epp.v1.metrics.{vm}")
 }
