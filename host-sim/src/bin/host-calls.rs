@@ -6,12 +6,14 @@
 //! `[HOST_SIM_FUEL=1] cargo run --release -p host-sim --bin host-calls -- [--flow-control] [--stream]
 //!  [--tokens N] [--prompt-kib K] [--queued Q] [--requests N] [--rate R] [--fields]
 //!  [--config JSON] [--wasm PATH] [--endpoints N] [--prefix-scorer approx|text:MODEL_DIR]
-//!  [--chat]` (`--endpoints`: servers in the pool, default 2; `--fields`: the size of the
+//!  [--chat] [--failing STATUS]` (`--endpoints`: servers in the pool, default 2; `--fields`: the size of the
 //!  shared records mid-run, by field; `--wasm`: another build of the filter, e.g. to compare
 //!  before and after a change; `--prefix-scorer`: a profile of that scorer and
 //!  `max-score-picker` — `text:DIR` is `precise-prefix-cache-scorer` with `tokenizer: relay`
 //!  and host-sim's relay publishing text keys of the model in DIR, every server known to it
-//!  and holding none of the prompts; `--chat`: chat requests, one user message)
+//!  and holding none of the prompts; `--chat`: chat requests, one user message; `--failing`:
+//!  every server answers STATUS, e.g. 503, so passive health ejects them all and each
+//!  pick runs the every-endpoint-failing path)
 //!
 //! Two runs of the same length in the same simulated Envoy (2 workers, 2 servers, metrics
 //! scraped every 50 ms): one with N requests at R per second (default 500), one with none; the
@@ -44,6 +46,8 @@ struct Args {
     /// text keys.
     prefix_scorer: Option<Option<String>>,
     chat: bool,
+    /// `--failing`: the status every server answers with.
+    failing: Option<u16>,
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -61,6 +65,7 @@ fn parse() -> anyhow::Result<Args> {
         config: None,
         prefix_scorer: None,
         chat: false,
+        failing: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -81,6 +86,7 @@ fn parse() -> anyhow::Result<Args> {
             "--wasm" => a.wasm = Some(value()?),
             "--config" => a.config = Some(serde_json::from_str(&value()?)?),
             "--chat" => a.chat = true,
+            "--failing" => a.failing = Some(value()?.parse()?),
             "--prefix-scorer" => {
                 let v = value()?;
                 a.prefix_scorer = Some(match v.strip_prefix("text:") {
@@ -160,12 +166,14 @@ fn run(a: &Args, requests: usize, end: u64) -> anyhow::Result<(Counts, Counts, C
         }
     }
     for s in &servers(a) {
-        let server: Box<dyn Upstream> = Box::new(
-            SimpleUpstream::new(s)
-                .ttft(ms(2))
-                .itl(ms(1))
-                .max_running(1_000_000),
-        );
+        let mut server = SimpleUpstream::new(s)
+            .ttft(ms(2))
+            .itl(ms(1))
+            .max_running(1_000_000);
+        if let Some(status) = a.failing {
+            server = server.failing(status);
+        }
+        let server: Box<dyn Upstream> = Box::new(server);
         sim.add_endpoint(s, server);
     }
     let prompt = "lorem ipsum ".repeat(a.prompt_kib * 1024 / 12 + 1);
