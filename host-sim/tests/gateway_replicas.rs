@@ -538,6 +538,8 @@ fn two_replicas_that_never_shared_state_send_a_hot_groups_overflow_to_the_same_s
 struct Busier {
     inner: SimpleUpstream,
     extra: u64,
+    /// From when (0: always).
+    from: Nanos,
 }
 
 impl Upstream for Busier {
@@ -560,7 +562,8 @@ impl Upstream for Busier {
                 return line.to_string();
             };
             let n: u64 = value.parse().expect("a count");
-            format!("{series} {}", n + self.extra)
+            let extra = if now >= self.from { self.extra } else { 0 };
+            format!("{series} {}", n + extra)
         };
         text.lines()
             .map(|l| {
@@ -603,6 +606,7 @@ fn groups_beside_a_busier_server(busy: usize, groups: usize, prefix: Value) -> V
     let mut sim = sim_serving(cfg, &eps, |a| Busier {
         inner: SimpleUpstream::new(a).ttft(ms(20)),
         extra: if *a == eps[busy] { 6 } else { 0 },
+        from: 0,
     });
     let start = ms(30_000);
     let ids: Vec<Vec<usize>> = (0..groups)
@@ -681,4 +685,97 @@ fn a_persistently_busier_server_gives_up_groups_to_the_same_second_server_on_bot
     for (g, group) in without.iter().enumerate() {
         assert_eq!(group[0], eps[owners[g][0]], "group {g} without weights");
     }
+}
+
+/// Two replicas route `groups` prompt groups (four requests each, alternating) while
+/// every server is equally loaded, then server `busy` also runs 6 requests of other
+/// clients for 30 s, then they route the same groups again. Per group, the servers its
+/// second round went to.
+fn groups_after_their_owner_became_busier(busy: usize, groups: usize) -> Vec<Vec<String>> {
+    let eps = endpoints(8);
+    let prefix = json!({"rendezvousPriorLoadWeights": true});
+    let cfg = with_scrape_cluster(
+        SimConfig::new(&config(&eps, Some(prefix)))
+            .workers(2)
+            .replicas(2)
+            .seed(1),
+    );
+    let busier_from = ms(2_000 + 300 * groups as u64);
+    let mut sim = sim_serving(cfg, &eps, |a| Busier {
+        inner: SimpleUpstream::new(a).ttft(ms(20)),
+        extra: if *a == eps[busy] { 6 } else { 0 },
+        from: busier_from,
+    });
+    let round = |sim: &mut Sim, start: Nanos| -> Vec<Vec<usize>> {
+        (0..groups)
+            .map(|g| {
+                let at = start + ms(300 * g as u64);
+                sim.add_requests((0..4).map(|q| {
+                    RequestSpec::completion(MODEL, &prompt(g, q), 2, false)
+                        .at(at + ms(40 * q as u64))
+                        .to_replica(q % 2)
+                }))
+            })
+            .collect()
+    };
+    round(&mut sim, ms(1_000));
+    let start = busier_from + ms(30_000);
+    let ids = round(&mut sim, start);
+    let end = start + ms(300 * groups as u64 + 2_000);
+    assert!(
+        sim.run_until_answered(end).unwrap(),
+        "every request answered"
+    );
+    ids.iter()
+        .map(|group| {
+            group
+                .iter()
+                .map(|&id| {
+                    let o = sim.outcome(id);
+                    assert_eq!(o.status, Some(200), "{}", o.text());
+                    o.endpoint.clone().expect("routed")
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A group both replicas have already routed to its owner, when that server becomes
+/// persistently busier: the load weights move it to its second owner on every replica
+/// at once (a replica's learned index, which holds it on the old owner, does not keep
+/// it there), so it is not split between the two.
+#[test]
+fn a_group_already_routed_follows_the_weights_to_the_same_second_server_on_both_replicas() {
+    let eps = endpoints(8);
+    let groups = 24;
+    let owners: Vec<[usize; 2]> = (0..groups).map(|g| plain_owners(g, &eps)).collect();
+    let busy = (0..eps.len())
+        .max_by_key(|&i| owners.iter().filter(|o| o[0] == i).count())
+        .unwrap_or(0);
+    let owned = owners.iter().filter(|o| o[0] == busy).count();
+    assert!(owned >= 4, "server {busy} owns {owned} of {groups}");
+    let routes = groups_after_their_owner_became_busier(busy, groups);
+    let mut kept = 0;
+    for (g, group) in routes.iter().enumerate() {
+        assert!(
+            group.iter().all(|e| *e == group[0]),
+            "group {g} split between servers: {group:?}"
+        );
+        let [first, second] = owners[g];
+        if first == busy {
+            assert!(
+                group[0] == eps[busy] || group[0] == eps[second],
+                "group {g} of the busier server went to {} (second owner {})",
+                group[0],
+                eps[second]
+            );
+            kept += usize::from(group[0] == eps[busy]);
+        } else {
+            assert_eq!(group[0], eps[first], "group {g} of another server moved");
+        }
+    }
+    assert!(
+        kept * 2 <= owned,
+        "the busier server kept {kept} of its {owned} groups"
+    );
 }

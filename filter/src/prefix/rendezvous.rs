@@ -28,6 +28,15 @@
 //! `w / -ln(h)` ([`weighted_owners`]): a lighter server owns proportionally fewer
 //! groups, only groups it owned move, and each to the server that would own it without
 //! it. Every replica scrapes the same servers, so they read the same weights.
+//!
+//! A group the weights move is warm on its old owner in the learned index of every
+//! replica that routed it there, and those replicas would keep following their index
+//! while the others follow the weights, so the group would sit on two servers. So while
+//! a key's weighted owner `W` differs from its plain owner `U` and this gateway holds
+//! the key only on `U` (or on `U` and `W`), the prior still applies: `W` reads as
+//! holding the whole prompt and `U` at most half of it ([`promote`]), and every replica
+//! follows the move as soon as it reads the weights. A key spread to other servers is
+//! left to the learned index.
 
 use super::index::PrefixMatch;
 use xxhash_rust::xxh64::xxh64;
@@ -104,13 +113,25 @@ pub fn key(blocks: usize, hashes: &[u64]) -> Option<u64> {
 pub const MAX_CHOICES: usize = 4;
 
 /// The prior for one request, given the learned `matches` (one per candidate, in the
-/// order of `addresses`): when no candidate holds the first `blocks` blocks of `hashes`
-/// (all of them when fewer), the `choices` highest-weight owners of that prefix, best
-/// first, each with the blocks it is taken to hold: the whole prompt for the first, half
-/// as much for each next rank (the first owner wins unless clearly more loaded, and every
-/// gateway falls back to the same second owner). `endpoints` are the candidates'
-/// addresses with their weights ([`weighted_owners`]). Empty when the prior does not
-/// apply (`blocks = 0`, `choices = 0`, no hashes, or a candidate holds the key's blocks).
+/// order of `addresses`): the candidates whose prefix affinity it sets, each with the
+/// blocks it reads as holding (`Cycle::prefix_affinity`). `endpoints` are the
+/// candidates' addresses with their weights ([`weighted_owners`]).
+///
+/// * **Cold** (no candidate holds the first `blocks` blocks of `hashes`, all of them
+///   when fewer): the `choices` highest-weight owners of that prefix, best first, the
+///   first taken to hold the whole prompt and each next rank half as much (the first
+///   owner wins unless clearly more loaded, and every gateway falls back to the same
+///   second owner).
+/// * **Moved** (load weights below full moved the key from its plain owner `U` to
+///   another weighted owner `W`, and this gateway holds the key only on `U`, or on `U`
+///   and `W`): `W` reads as holding the whole prompt and `U` at most half of it, so
+///   every replica follows the move as soon as its weights change, whatever it has
+///   routed before, instead of the warm replicas staying on `U` while the cold ones go
+///   to `W` (the group split on two servers). A key spread anywhere else is left to the
+///   learned index.
+///
+/// Empty when the prior does not apply (`blocks = 0`, `choices = 0`, no hashes, or a
+/// candidate holds the key's blocks and it did not move).
 pub fn promote<'a, I>(
     blocks: usize,
     choices: usize,
@@ -127,17 +148,49 @@ where
         return Vec::new();
     };
     let depth = u32::try_from(depth).unwrap_or(u32::MAX);
-    if choices == 0 || matches.iter().any(|m| m.matched >= depth) {
+    if choices == 0 {
         return Vec::new();
     }
     let total = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
-    weighted_owners::<MAX_CHOICES, _>(key, endpoints)
-        .into_iter()
-        .take(choices)
-        .flatten()
-        .zip(0u32..)
-        .map(|(i, rank)| (i, total >> rank))
-        .collect()
+    let learned = |i: usize| matches.get(i).map_or(0, |m| m.matched);
+    let mut holders = (0..matches.len()).filter(|&i| learned(i) >= depth);
+    match (holders.next(), holders.next(), holders.next()) {
+        (None, _, _) => weighted_owners::<MAX_CHOICES, _>(key, endpoints)
+            .into_iter()
+            .take(choices)
+            .flatten()
+            .zip(0u32..)
+            .map(|(i, rank)| (i, (total >> rank).max(learned(i))))
+            .collect(),
+        (Some(a), b, None) => moved(key, a, b, endpoints)
+            .map(|(w, u)| vec![(w, total), (u, learned(u).min(total >> 1))])
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+/// The key's (weighted owner `W`, plain owner `U`) when its weights moved it (`W ≠ U`)
+/// and its holders in the learned index, `a` and maybe `b`, are `U` and at most `W`.
+fn moved<'a, I>(key: u64, a: usize, b: Option<usize>, endpoints: I) -> Option<(usize, usize)>
+where
+    I: IntoIterator<Item = (&'a str, u16)>,
+    I::IntoIter: Clone,
+{
+    let endpoints = endpoints.into_iter();
+    if endpoints.clone().all(|(_, w)| w == 0 || w >= FULL_WEIGHT) {
+        return None;
+    }
+    let [w] = weighted_owners::<1, _>(key, endpoints.clone());
+    let [u] = owners::<1>(key, endpoints.map(|(a, _)| a));
+    let (w, u) = (w?, u?);
+    let other = if a == u {
+        b
+    } else if b == Some(u) {
+        Some(a)
+    } else {
+        return None;
+    };
+    (w != u && other.is_none_or(|o| o == w)).then_some((w, u))
 }
 
 #[cfg(test)]
@@ -289,6 +342,50 @@ mod tests {
             let got = promote_in(&a, 8, 2, &[7, key], &cold(16, 2));
             assert_eq!(got, vec![(w[0].1, 2), (w[1].1, 1)], "half as much per rank");
         }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_group_the_weights_moved_goes_to_its_new_owner_even_where_it_was_routed_before() {
+        let a = addrs(16);
+        let hashes = [5u64, 6, 7, 8];
+        let key = 7; // three blocks deep
+        let [Some(u)] = owners::<1>(key, a.iter().map(String::as_str)) else {
+            panic!("no owner")
+        };
+        let weights = |light: u16| {
+            let a = &a;
+            move || {
+                a.iter()
+                    .enumerate()
+                    .map(move |(i, s)| (s.as_str(), if i == u { light } else { FULL_WEIGHT }))
+            }
+        };
+        let lowered = weights(1); // almost no weight: the key moves
+        let [Some(w)] = weighted_owners::<1, _>(key, lowered()) else {
+            panic!("no weighted owner")
+        };
+        assert_ne!(w, u);
+        let held = |holders: &[usize]| {
+            let mut m = cold(16, 4);
+            for &h in holders {
+                m[h].matched = 4;
+            }
+            m
+        };
+        // This gateway routed the group to its plain owner before the weights moved it:
+        // the new owner reads as holding all of it, the old one half.
+        let moved = vec![(w, 4), (u, 2)];
+        assert_eq!(promote(3, 1, &hashes, &held(&[u]), lowered()), moved);
+        // It has since routed it to both: the same, so it keeps following the move.
+        assert_eq!(promote(3, 1, &hashes, &held(&[u, w]), lowered()), moved);
+        // Full weights, or a group spread to a third server or only on the new owner:
+        // the learned index decides.
+        let full = weights(FULL_WEIGHT);
+        assert!(promote(3, 1, &hashes, &held(&[u]), full()).is_empty());
+        let third = (0..16).find(|&i| i != u && i != w).unwrap_or(0);
+        assert!(promote(3, 1, &hashes, &held(&[u, third]), lowered()).is_empty());
+        assert!(promote(3, 1, &hashes, &held(&[w]), lowered()).is_empty());
+        assert!(promote(3, 1, &hashes, &held(&[u, w, third]), lowered()).is_empty());
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -81,9 +81,10 @@ pub struct Cycle<'a> {
     /// Prefix match per candidate (same order) in the learned index; empty when no prefix
     /// plugin is configured.
     pub prefix: &'a [PrefixMatch],
-    /// The rendezvous prior: candidates taken to hold this many blocks of a prompt this
-    /// gateway has not routed anywhere (`crate::prefix::rendezvous`); empty when it does
-    /// not apply.
+    /// The rendezvous prior: candidates whose prefix affinity reads as this many blocks
+    /// (`crate::prefix::rendezvous::promote`: the owners of a prompt this gateway has not
+    /// routed anywhere, or the new and old owners of a group the load weights moved);
+    /// empty when it does not apply.
     pub prior: &'a [(usize, u32)],
     /// The key the rendezvous order of this prompt's endpoints is drawn from (the chained
     /// hash of its leading blocks: `crate::prefix::rendezvous::key`), whether or not this
@@ -106,12 +107,13 @@ impl Cycle<'_> {
         self.prefix.get(i).copied().unwrap_or_default()
     }
 
-    /// The prefix match of candidate `i` with the rendezvous prior: what the prefix
-    /// scorer and the affinity filter read.
+    /// The prefix match of candidate `i` with the rendezvous prior (which sets the
+    /// matched blocks of the candidates it names): what the prefix scorer and the
+    /// affinity filter read.
     pub fn prefix_affinity(&self, i: usize) -> PrefixMatch {
         let mut m = self.prefix_match(i);
         if let Some(&(_, blocks)) = self.prior.iter().find(|(c, _)| *c == i) {
-            m.matched = m.matched.max(blocks.min(m.total));
+            m.matched = blocks.min(m.total);
         }
         m
     }
@@ -256,8 +258,8 @@ pub struct Decision {
     pub hashes: Vec<u64>,
     /// Prefix match per candidate (empty without a prefix plugin).
     pub prefix: Vec<PrefixMatch>,
-    /// The rendezvous prior: candidates taken to hold blocks of this prompt that this
-    /// gateway has not routed anywhere, with those blocks (empty when it did not apply).
+    /// The rendezvous prior: candidates whose prefix affinity read as this many blocks
+    /// (`crate::prefix::rendezvous::promote`; empty when it did not apply).
     pub prior: Vec<(usize, u32)>,
     /// Block size in tokens used for the hashes.
     pub block_size_tokens: u32,
