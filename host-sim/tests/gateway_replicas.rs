@@ -638,7 +638,7 @@ fn groups_beside_a_busier_server(busy: usize, groups: usize, prefix: Value) -> V
         .collect()
 }
 
-/// With `rendezvousPriorLoadWeights`, a server persistently busier than the rest (here
+/// With `rendezvousPriorLoadWeights` (the default), a server persistently busier than the rest (here
 /// with clients the gateways do not see) owns fewer new prompt groups: every replica's scraper lowers its weight from
 /// the same scraped load, so two replicas that never shared state still agree on every
 /// group, and a group the busier server gives up goes, on both, to the server that is
@@ -654,8 +654,8 @@ fn a_persistently_busier_server_gives_up_groups_to_the_same_second_server_on_bot
         .unwrap_or(0);
     let owned = owners.iter().filter(|o| o[0] == busy).count();
     assert!(owned >= 4, "server {busy} owns {owned} of {groups}");
-    let with =
-        groups_beside_a_busier_server(busy, groups, json!({"rendezvousPriorLoadWeights": true}));
+    // The default prefix parameters: the load weights are on.
+    let with = groups_beside_a_busier_server(busy, groups, json!({}));
     let mut kept = 0;
     for (g, group) in with.iter().enumerate() {
         assert!(
@@ -679,7 +679,7 @@ fn a_persistently_busier_server_gives_up_groups_to_the_same_second_server_on_bot
         kept * 2 <= owned,
         "the busier server kept {kept} of its {owned} groups"
     );
-    // Without the weights (the default), it keeps them all.
+    // Without the weights (`rendezvousPriorLoadWeights: false`), it keeps them all.
     let without =
         groups_beside_a_busier_server(busy, groups, json!({"rendezvousPriorLoadWeights": false}));
     for (g, group) in without.iter().enumerate() {

@@ -64,7 +64,7 @@ pub struct PrefixConfig {
     /// (`rendezvousPriorChoices`, 1..=[`rendezvous::MAX_CHOICES`]).
     pub rendezvous_choices: u64,
     /// Weigh each candidate's rendezvous score by the load weight the scraper published
-    /// (`rendezvousPriorLoadWeights`, off by default; [`rendezvous::weighted_owners`]).
+    /// (`rendezvousPriorLoadWeights`, on by default; [`rendezvous::weighted_owners`]).
     pub rendezvous_load_weights: bool,
     /// Correct the index from the `cached_tokens` servers report (`cachedTokensFeedback`,
     /// on by default): detected evictions, and each endpoint's capacity learned below the
@@ -90,7 +90,7 @@ impl Default for PrefixConfig {
             lru_capacity_per_server: 31_250,
             rendezvous_blocks: DEFAULT_RENDEZVOUS_BLOCKS,
             rendezvous_choices: DEFAULT_RENDEZVOUS_CHOICES,
-            rendezvous_load_weights: false,
+            rendezvous_load_weights: true,
             feedback: true,
         }
     }

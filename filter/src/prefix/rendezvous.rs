@@ -19,8 +19,8 @@
 //! `rendezvousPriorChoices: 2` the second owner is taken to hold half the prompt, so every
 //! gateway falls back to the same server when the first is left out.
 //!
-//! Load weights (`rendezvousPriorLoadWeights`, off by default: they help below capacity
-//! and cost near it, BENCHMARKS.md §10): plain rendezvous gives
+//! Load weights (`rendezvousPriorLoadWeights`, on by default; BENCHMARKS.md §10): plain
+//! rendezvous gives
 //! every server chance's share of the groups, the busiest of 16 up to twice the mean.
 //! The scraper publishes with each endpoint's snapshot a weight that falls slowly while
 //! the server's average load stays above the pool's mean
