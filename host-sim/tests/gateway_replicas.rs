@@ -72,6 +72,14 @@ fn route_groups(sim: &mut Sim, groups: usize) -> Vec<Vec<String>> {
         ids.push(sim.add_requests(specs));
     }
     sim.run().unwrap();
+    for &id in ids.iter().flatten() {
+        assert_eq!(sim.outcome(id).replica, id % 2, "pinned to its replica");
+    }
+    endpoints_per_group(sim, &ids)
+}
+
+/// Per group of request ids: the endpoint each went to (each answered 200).
+fn endpoints_per_group(sim: &Sim, ids: &[Vec<usize>]) -> Vec<Vec<String>> {
     ids.iter()
         .map(|group| {
             group
@@ -79,7 +87,6 @@ fn route_groups(sim: &mut Sim, groups: usize) -> Vec<Vec<String>> {
                 .map(|&id| {
                     let o = sim.outcome(id);
                     assert_eq!(o.status, Some(200), "{}", o.text());
-                    assert_eq!(o.replica, id % 2, "pinned to its replica");
                     o.endpoint.clone().expect("routed")
                 })
                 .collect()
@@ -590,6 +597,55 @@ fn plain_owners(g: usize, eps: &[String]) -> [usize; 2] {
     [a.expect("an owner"), b.expect("a second owner")]
 }
 
+/// The server (index) that owns the most of the groups whose `owners` are given (at least
+/// four of them, so that giving up half is visible).
+fn busiest_owner(owners: &[[usize; 2]], servers: usize) -> usize {
+    let owned = |i: usize| owners.iter().filter(|o| o[0] == i).count();
+    let busy = (0..servers).max_by_key(|&i| owned(i)).unwrap_or(0);
+    assert!(
+        owned(busy) >= 4,
+        "server {busy} owns {} of {}",
+        owned(busy),
+        owners.len()
+    );
+    busy
+}
+
+/// Every group stayed on one server on both replicas; the busier server's groups each
+/// went to it or to their second owner, and it kept at most half of them; every other
+/// group stayed with its owner.
+fn busier_server_gave_up_groups_to_their_second_owners(
+    routes: &[Vec<String>],
+    owners: &[[usize; 2]],
+    busy: usize,
+    eps: &[String],
+) {
+    let owned = owners.iter().filter(|o| o[0] == busy).count();
+    let mut kept = 0;
+    for (g, group) in routes.iter().enumerate() {
+        assert!(
+            group.iter().all(|e| *e == group[0]),
+            "group {g} split between servers: {group:?}"
+        );
+        let [first, second] = owners[g];
+        if first == busy {
+            assert!(
+                group[0] == eps[busy] || group[0] == eps[second],
+                "group {g} of the busier server went to {} (second owner {})",
+                group[0],
+                eps[second]
+            );
+            kept += usize::from(group[0] == eps[busy]);
+        } else {
+            assert_eq!(group[0], eps[first], "group {g} of another server moved");
+        }
+    }
+    assert!(
+        kept * 2 <= owned,
+        "the busier server kept {kept} of its {owned} groups"
+    );
+}
+
 /// Two replicas (2 workers each, scraping every 50 ms) in front of 8 servers of which
 /// `busy` also runs 6 requests of other clients, with the default profile and the prefix
 /// parameters `prefix`: 30 s of scrapes, then `groups` new prompt groups as
@@ -624,61 +680,23 @@ fn groups_beside_a_busier_server(busy: usize, groups: usize, prefix: Value) -> V
         sim.run_until_answered(end).unwrap(),
         "every request answered"
     );
-    ids.iter()
-        .map(|group| {
-            group
-                .iter()
-                .map(|&id| {
-                    let o = sim.outcome(id);
-                    assert_eq!(o.status, Some(200), "{}", o.text());
-                    o.endpoint.clone().expect("routed")
-                })
-                .collect()
-        })
-        .collect()
+    endpoints_per_group(&sim, &ids)
 }
 
-/// With `rendezvousPriorLoadWeights` (the default), a server persistently busier than the rest (here
-/// with clients the gateways do not see) owns fewer new prompt groups: every replica's scraper lowers its weight from
-/// the same scraped load, so two replicas that never shared state still agree on every
-/// group, and a group the busier server gives up goes, on both, to the server that is
+/// With `rendezvousPriorLoadWeights` (the default), a server persistently busier than the
+/// rest (here with clients the gateways do not see) owns fewer new prompt groups: every
+/// replica's scraper lowers its weight from the same scraped load, so two replicas that
+/// never shared state still agree on every group, and a group the busier server gives up goes, on both, to the server that is
 /// second in its rendezvous order. The other servers' groups do not move.
 #[test]
 fn a_persistently_busier_server_gives_up_groups_to_the_same_second_server_on_both_replicas() {
     let eps = endpoints(8);
     let groups = 24;
     let owners: Vec<[usize; 2]> = (0..groups).map(|g| plain_owners(g, &eps)).collect();
-    // The server that owns the most of these groups without weights.
-    let busy = (0..eps.len())
-        .max_by_key(|&i| owners.iter().filter(|o| o[0] == i).count())
-        .unwrap_or(0);
-    let owned = owners.iter().filter(|o| o[0] == busy).count();
-    assert!(owned >= 4, "server {busy} owns {owned} of {groups}");
+    let busy = busiest_owner(&owners, eps.len());
     // The default prefix parameters: the load weights are on.
     let with = groups_beside_a_busier_server(busy, groups, json!({}));
-    let mut kept = 0;
-    for (g, group) in with.iter().enumerate() {
-        assert!(
-            group.iter().all(|e| *e == group[0]),
-            "group {g} split between servers: {group:?}"
-        );
-        let [first, second] = owners[g];
-        if first == busy {
-            assert!(
-                group[0] == eps[busy] || group[0] == eps[second],
-                "group {g} of the busier server went to {} (second owner {})",
-                group[0],
-                eps[second]
-            );
-            kept += usize::from(group[0] == eps[busy]);
-        } else {
-            assert_eq!(group[0], eps[first], "group {g} of another server moved");
-        }
-    }
-    assert!(
-        kept * 2 <= owned,
-        "the busier server kept {kept} of its {owned} groups"
-    );
+    busier_server_gave_up_groups_to_their_second_owners(&with, &owners, busy, &eps);
     // Without the weights (`rendezvousPriorLoadWeights: false`), it keeps them all.
     let without =
         groups_beside_a_busier_server(busy, groups, json!({"rendezvousPriorLoadWeights": false}));
@@ -726,18 +744,7 @@ fn groups_after_their_owner_became_busier(busy: usize, groups: usize) -> Vec<Vec
         sim.run_until_answered(end).unwrap(),
         "every request answered"
     );
-    ids.iter()
-        .map(|group| {
-            group
-                .iter()
-                .map(|&id| {
-                    let o = sim.outcome(id);
-                    assert_eq!(o.status, Some(200), "{}", o.text());
-                    o.endpoint.clone().expect("routed")
-                })
-                .collect()
-        })
-        .collect()
+    endpoints_per_group(&sim, &ids)
 }
 
 /// A group both replicas have already routed to its owner, when that server becomes
@@ -749,33 +756,7 @@ fn a_group_already_routed_follows_the_weights_to_the_same_second_server_on_both_
     let eps = endpoints(8);
     let groups = 24;
     let owners: Vec<[usize; 2]> = (0..groups).map(|g| plain_owners(g, &eps)).collect();
-    let busy = (0..eps.len())
-        .max_by_key(|&i| owners.iter().filter(|o| o[0] == i).count())
-        .unwrap_or(0);
-    let owned = owners.iter().filter(|o| o[0] == busy).count();
-    assert!(owned >= 4, "server {busy} owns {owned} of {groups}");
+    let busy = busiest_owner(&owners, eps.len());
     let routes = groups_after_their_owner_became_busier(busy, groups);
-    let mut kept = 0;
-    for (g, group) in routes.iter().enumerate() {
-        assert!(
-            group.iter().all(|e| *e == group[0]),
-            "group {g} split between servers: {group:?}"
-        );
-        let [first, second] = owners[g];
-        if first == busy {
-            assert!(
-                group[0] == eps[busy] || group[0] == eps[second],
-                "group {g} of the busier server went to {} (second owner {})",
-                group[0],
-                eps[second]
-            );
-            kept += usize::from(group[0] == eps[busy]);
-        } else {
-            assert_eq!(group[0], eps[first], "group {g} of another server moved");
-        }
-    }
-    assert!(
-        kept * 2 <= owned,
-        "the busier server kept {kept} of its {owned} groups"
-    );
+    busier_server_gave_up_groups_to_their_second_owners(&routes, &owners, busy, &eps);
 }
