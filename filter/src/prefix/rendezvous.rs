@@ -71,16 +71,23 @@ where
     I::IntoIter: Clone,
 {
     let endpoints = endpoints.into_iter();
-    let full = |w: u16| w == 0 || w >= FULL_WEIGHT;
     if endpoints.clone().all(|(_, w)| full(w)) {
         return owners(key, endpoints.map(|(a, _)| a));
     }
-    top(endpoints.map(|(a, w)| {
-        let w = if full(w) { FULL_WEIGHT } else { w };
-        // The top 53 bits of the hash, as a float strictly inside (0, 1).
-        let h = ((xxh64(a.as_bytes(), key) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        f64::from(w) / -h.ln()
-    }))
+    top(endpoints.map(|(a, w)| weighted_score(xxh64(a.as_bytes(), key), w)))
+}
+
+/// Whether a published weight reads as full (0: none published).
+fn full(w: u16) -> bool {
+    w == 0 || w >= FULL_WEIGHT
+}
+
+/// The weighted rendezvous score `w / -ln(h)` of an endpoint whose hash for the key is
+/// `hash` (its top 53 bits as a float strictly inside (0, 1)) and whose weight is `w`.
+fn weighted_score(hash: u64, w: u16) -> f64 {
+    let w = if full(w) { FULL_WEIGHT } else { w };
+    let h = ((hash >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    f64::from(w) / -h.ln()
 }
 
 /// The indices of the `N` highest `scores`, best first (ties to the first).
@@ -177,12 +184,22 @@ where
     I::IntoIter: Clone,
 {
     let endpoints = endpoints.into_iter();
-    if endpoints.clone().all(|(_, w)| w == 0 || w >= FULL_WEIGHT) {
+    if endpoints.clone().all(|(_, w)| full(w)) {
         return None;
     }
-    let [w] = weighted_owners::<1, _>(key, endpoints.clone());
-    let [u] = owners::<1>(key, endpoints.map(|(a, _)| a));
-    let (w, u) = (w?, u?);
+    // Both owners from one hash per candidate (ties to the first, as in `top`).
+    let (mut plain, mut weighted) = (None::<(usize, u64)>, None::<(usize, f64)>);
+    for (i, (address, weight)) in endpoints.enumerate() {
+        let h = xxh64(address.as_bytes(), key);
+        if plain.is_none_or(|(_, best)| h > best) {
+            plain = Some((i, h));
+        }
+        let score = weighted_score(h, weight);
+        if weighted.is_none_or(|(_, best)| score > best) {
+            weighted = Some((i, score));
+        }
+    }
+    let (w, u) = (weighted?.0, plain?.0);
     let other = if a == u {
         b
     } else if b == Some(u) {
