@@ -18,6 +18,7 @@ pub mod epp;
 pub mod health;
 pub mod pool;
 pub mod quantity;
+pub mod request_handler;
 pub mod validate;
 
 pub use classification::{Claim, Classification, Source, DEFAULT_FAIRNESS_ID};
@@ -45,6 +46,7 @@ const TOP_FIELDS: &[&str] = &[
     "flowControl",
     "dataLayer",
     "parser",
+    "requestHandler",
     "pool",
 ];
 
@@ -63,8 +65,10 @@ pub struct EndpointPickerConfig {
     pub flow_control: Option<Value>,
     /// `dataLayer.sources` (`None`: the section is absent; empty: collection disabled).
     pub data_sources: Option<Vec<SourceSpec>>,
-    /// `parser.pluginRef`.
+    /// `parser.pluginRef` (deprecated in the reference for `requestHandler.parsers`).
     pub parser: Option<String>,
+    /// `requestHandler.parsers[].pluginRef` (`None`: absent, the defaults).
+    pub request_parsers: Option<Vec<String>>,
     /// Our `pool` section (defaults when absent).
     pub pool: Pool,
 }
@@ -124,7 +128,12 @@ impl EndpointPickerConfig {
             .get("parser")
             .map(|v| epp::parse_plugin_ref(v, "parser"))
             .transpose()?;
+        let request_parsers = top
+            .get("requestHandler")
+            .map(request_handler::parse)
+            .transpose()?;
         Ok(Self {
+            request_parsers,
             plugins,
             profiles,
             feature_gates,
