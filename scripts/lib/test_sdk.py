@@ -26,11 +26,12 @@ NODE_SDK = os.path.join(ROOT, ".tools", "node", "node_modules", "openai")
 
 
 class Gateway:
-    """`scripts/run` with two simulated servers; stopped (it stops what it started) on exit."""
+    """`scripts/run` with two simulated servers, stopped on exit by SIGTERM, on which it stops
+    what it started; it acts on the signal between two status lines, hence one a second."""
 
     def __enter__(self):
         self.proc = subprocess.Popen(
-            [os.path.join(ROOT, "scripts", "run"), "--sim-servers", "2", "--status-every", "3600",
+            [os.path.join(ROOT, "scripts", "run"), "--sim-servers", "2", "--status-every", "1",
              "--sim-args", "--time-to-first-token 5ms --inter-token-latency 2ms"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.url = None
