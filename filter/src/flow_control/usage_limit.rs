@@ -51,7 +51,7 @@ impl UsageLimit {
                     return true;
                 }
                 let period = (saturation / (1.0 - saturation)).round().max(1.0) as u64;
-                (now_ms / SLOT_MS) % period == 0
+                (now_ms / SLOT_MS).is_multiple_of(period)
             }
         }
     }

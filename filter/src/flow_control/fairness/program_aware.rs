@@ -11,8 +11,8 @@
 //! shared flow-control record (`flow_control::state`) for every worker.
 //!
 //! Deliberate difference: the reference charges a request's `usage` (input + 2 × output
-//! tokens) when it completes; here a request is charged its token estimate (input
-//! + 1.5 × input, as every load estimate here) when it is dispatched, because the
+//! tokens) when it completes; here a request is charged its token estimate (the input
+//! plus 1.5 × the input, as every load estimate here) when it is dispatched, because the
 //! service must be known to every worker at the next dispatch and the shared record is
 //! updated at dispatch anyway. Programs are kept at most [`MAX_PROGRAMS`] (the least
 //! recently served is dropped first) and dropped after `evictionTtlSeconds` without
