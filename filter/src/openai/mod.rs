@@ -17,6 +17,7 @@
 
 pub mod anthropic;
 pub mod json;
+pub mod multimodal;
 pub mod parsers;
 pub mod scan;
 pub mod sglang;
