@@ -1,7 +1,9 @@
-//! OpenAI-style error responses: what a client sees when the gateway answers itself.
+//! Error responses: what a client sees when the gateway answers itself.
 //!
 //! The body has the shape OpenAI clients parse:
-//! `{"error":{"message":"...","type":"...","param":null,"code":400}}`.
+//! `{"error":{"message":"...","type":"...","param":null,"code":400}}`, or on Anthropic's
+//! Messages paths the shape Anthropic clients parse:
+//! `{"type":"error","error":{"type":"invalid_request_error","message":"..."}}`.
 
 use serde_json::json;
 
@@ -29,6 +31,17 @@ impl ApiError {
             kind: "invalid_request_error",
             message: message.into(),
             param,
+            dropped: None,
+        }
+    }
+
+    /// 404: nothing here serves the request.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self {
+            status: 404,
+            kind: "not_found_error",
+            message: message.into(),
+            param: None,
             dropped: None,
         }
     }
@@ -96,6 +109,19 @@ impl ApiError {
         (self.dropped.is_some() && matches!(self.status, 429 | 503)).then_some(1)
     }
 
+    /// The body in Anthropic's shape, with the error type Anthropic uses for the status
+    /// (`type_of`, from the Messages parser).
+    pub fn anthropic_body(&self, type_of: fn(u16) -> &'static str) -> String {
+        json!({
+            "type": "error",
+            "error": {
+                "type": type_of(self.status),
+                "message": self.message,
+            }
+        })
+        .to_string()
+    }
+
     pub fn body(&self) -> String {
         json!({
             "error": {
@@ -107,6 +133,15 @@ impl ApiError {
         })
         .to_string()
     }
+}
+
+/// `s` cut to at most `max` bytes at a character boundary (a client's string in a message).
+pub fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.get(..end).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -122,6 +157,18 @@ mod tests {
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(v["error"]["param"], "model");
         assert_eq!(v["error"]["message"], "missing field `model`");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_anthropic_body_has_anthropics_shape() {
+        let e = ApiError::bad_request("missing field `model`", Some("model"));
+        let v: serde_json::Value =
+            serde_json::from_str(&e.anthropic_body(|_| "invalid_request_error")).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["message"], "missing field `model`");
+        assert_eq!(cut("héllo", 2), "h");
+        assert_eq!(cut("abc", 10), "abc");
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -290,6 +290,10 @@ pub const TYPES: &[PluginType] = &[
         Params::new(Some(v), p, &["threshold"])?.non_negative("threshold", 1.0).map(|_| Built::default())
     }),
     t(openai::PARSER_TYPE, &[Parser], no_parameters),
+    t(openai::parsers::ANTHROPIC, &[Parser], no_parameters),
+    t(openai::parsers::VLLM_HTTP, &[Parser], no_parameters),
+    t(openai::parsers::SGLANG_HTTP, &[Parser], no_parameters),
+    t(openai::parsers::PASSTHROUGH, &[Parser], no_parameters),
     t(producer::TYPE, &[Producer], |v, p| latency_producer(v, p, false)),
     t(producer::TRACKER_TYPE, &[Producer, Filter], |v, p| latency_producer(v, p, true)),
     t(slo_tier::TYPE, &[Filter], |v, p| Ok(needing_latency(filter(SloTier::from_parameters(v, p)?)))),

@@ -107,6 +107,12 @@ const TARGETS: &[Target] = &[
                 "/detokenize",
                 "/v1/conversations",
                 "/v1/audio/transcriptions",
+                "/v1/messages",
+                "/v1/messages/count_tokens",
+                "/inference/v1/generate",
+                "/generate",
+                "/v1/chat/completions/render",
+                "/anything/else",
             ] {
                 let _ = parse_request(Api::from_path(path), input);
             }

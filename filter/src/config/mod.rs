@@ -18,6 +18,7 @@ pub mod epp;
 pub mod health;
 pub mod pool;
 pub mod quantity;
+pub mod request_handler;
 pub mod validate;
 
 pub use classification::{Claim, Classification, Source, DEFAULT_FAIRNESS_ID};
@@ -48,6 +49,7 @@ const TOP_FIELDS: &[&str] = &[
     "flowControl",
     "dataLayer",
     "parser",
+    "requestHandler",
     "pool",
 ];
 
@@ -69,8 +71,10 @@ pub struct EndpointPickerConfig {
     /// `dataLayer.injectDefaults` (default true): add the metrics source and extractor
     /// when no `metrics-data-source` is among the sources, as llm-d-router does.
     pub inject_data_defaults: bool,
-    /// `parser.pluginRef`.
+    /// `parser.pluginRef` (deprecated in the reference for `requestHandler.parsers`).
     pub parser: Option<String>,
+    /// `requestHandler.parsers[].pluginRef` (`None`: absent, the defaults).
+    pub request_parsers: Option<Vec<String>>,
     /// Our `pool` section (defaults when absent).
     pub pool: Pool,
 }
@@ -86,6 +90,7 @@ impl Default for EndpointPickerConfig {
             data_sources: None,
             inject_data_defaults: true,
             parser: None,
+            request_parsers: None,
             pool: Pool::default(),
         }
     }
@@ -166,7 +171,12 @@ impl EndpointPickerConfig {
             .get("parser")
             .map(|v| epp::parse_plugin_ref(v, "parser"))
             .transpose()?;
+        let request_parsers = top
+            .get("requestHandler")
+            .map(request_handler::parse)
+            .transpose()?;
         Ok(Self {
+            request_parsers,
             plugins,
             profiles,
             feature_gates,

@@ -118,9 +118,11 @@ impl Tracked {
 }
 
 /// `usage.completion_tokens` from a response chunk, when present (the last one of a
-/// body or a stream with `include_usage`).
+/// body or a stream with `include_usage`); `output_tokens` in the Responses API's and
+/// Anthropic's `usage`.
 pub fn completion_tokens(chunk: &[u8]) -> Option<u64> {
     crate::openai::usage_number(chunk, b"\"completion_tokens\"")
+        .or_else(|| crate::openai::usage_number(chunk, b"\"output_tokens\""))
 }
 
 #[cfg(test)]

@@ -230,6 +230,29 @@ impl<'de> Deserialize<'de> for Body<'de> {
 /// ([`super::scan`]) reads most bodies in one pass; the others go to `serde_json`: a body
 /// that is UTF-8 (checked in one pass) is parsed as text, so the parser does not check
 /// each string it reads again; any other is parsed as bytes, for the parser's own error.
+pub fn parse_keeping(
+    body: &[u8],
+    keep: impl Fn(&str) -> bool,
+) -> Result<Body<'_>, serde_json::Error> {
+    if let Some(fast) = super::scan::body_keeping(body, &keep) {
+        return Ok(fast);
+    }
+    // The rare body the fast path leaves: the whole value, then only the kept fields.
+    let value: Json = match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text)?,
+        Err(_) => serde_json::from_slice(body)?,
+    };
+    Ok(Body(match value {
+        Json::Object(mut pairs) => {
+            pairs.retain(|(k, _)| keep(k.as_ref()));
+            Some(Json::Object(pairs))
+        }
+        _ => None,
+    }))
+}
+
+/// Parses a body keeping the fields of the OpenAI APIs ([`ROUTED`]); see [`parse_keeping`]
+/// for another API's.
 pub fn parse(body: &[u8]) -> Result<Body<'_>, serde_json::Error> {
     if let Some(fast) = super::scan::body(body) {
         return Ok(fast);

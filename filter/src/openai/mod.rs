@@ -1,32 +1,39 @@
-//! Parsing of the requests vLLM serves: the OpenAI APIs (`/v1/completions`,
-//! `/v1/chat/completions`, `/v1/responses`, `/v1/embeddings`, conversations, audio) and
-//! vLLM's own (`/rerank`, `/score`, `/pooling`, `/classify`, `/tokenize`,
-//! `/detokenize`).
+//! Parsing of request bodies, one file per API beside the path → parser table
+//! ([`parsers`]): the OpenAI APIs (`/v1/completions`, `/v1/chat/completions`,
+//! `/v1/responses`, `/v1/embeddings`, conversations, audio, the render paths) and vLLM's
+//! pooling and tokenizer APIs (`/rerank`, `/score`, `/pooling`, `/classify`, `/tokenize`,
+//! `/detokenize`) here; Anthropic's Messages ([`anthropic`]); vLLM's token-in generate
+//! ([`vllm_generate`]); SGLang's `/generate` ([`sglang`]); any other path passed through.
 //!
 //! Only what routing needs is kept: the model, whether the response streams, and the
-//! prompt text (for prefix-cache affinity and token estimates). The API comes from the
-//! path. Generative APIs are validated as the reference's OpenAI parser does (`model`
-//! required, completions need `prompt`, chat needs a message, a response needs `input`);
-//! the other APIs are never refused by the gateway: their prompt text is extracted where
-//! there is one (embeddings, rerank, score, pooling, tokenize) and they are routed by
-//! load otherwise (conversations, detokenize, multipart audio), with vLLM answering what
-//! it finds wrong.
+//! prompt text (for prefix-cache affinity and token estimates). Generative APIs are
+//! validated as the reference's parsers do (`model` required, completions need `prompt`,
+//! chat and messages need a message, a response needs `input`, generate needs
+//! `token_ids`); the other APIs are never refused by the gateway: their prompt text is
+//! extracted where there is one (embeddings, rerank, score, pooling, tokenize, SGLang,
+//! a passed-through body with `prompt`, `messages` or `input`) and they are routed by load
+//! otherwise (conversations, detokenize, render, count_tokens, multipart audio), with the
+//! server answering what it finds wrong.
 
+pub mod anthropic;
 pub mod json;
 pub mod multimodal;
+pub mod parsers;
 pub mod scan;
+pub mod sglang;
+pub mod vllm_generate;
 
 use crate::errors::ApiError;
 use json::Json;
 use std::borrow::Cow;
 
-/// The request parser's type name in `EndpointPickerConfig` (the only parser).
+/// The OpenAI request parser's type name in `EndpointPickerConfig`.
 pub const PARSER_TYPE: &str = "openai-parser";
 
-/// Which API a request targets, from its path.
+/// Which API a request targets, from its path ([`parsers::Parsers::resolve`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
-    /// `/v1/completions` (also the default for unknown paths, as in the reference).
+    /// `/v1/completions`.
     Completions,
     /// `/v1/chat/completions`.
     ChatCompletions,
@@ -48,57 +55,97 @@ pub enum Api {
     Detokenize,
     /// `/v1/audio/transcriptions`, `/v1/audio/translations` (multipart bodies).
     Audio,
+    /// `/v1/chat/completions/render`, `/v1/completions/render`: routed by load.
+    Render,
+    /// Anthropic's `/v1/messages`.
+    Messages,
+    /// Anthropic's `/v1/messages/count_tokens`: routed by load.
+    CountTokens,
+    /// vLLM's `/inference/v1/generate` (token ids in).
+    Generate,
+    /// SGLang's `/generate`.
+    SglangGenerate,
+    /// A path no parser claims, passed through (`passthrough-parser`).
+    Passthrough,
 }
 
 impl Api {
-    /// Classifies a request path; the query string is ignored.
+    /// The API of a path with the default parsers; the query string is ignored.
     pub fn from_path(path: &str) -> Api {
-        // Byte-wise segment checks, not substring searches: this runs on every request.
-        let path = path
-            .split_once('?')
-            .map_or(path, |(p, _)| p)
-            .trim_end_matches('/');
-        // The two paths nearly every request takes, at once.
-        match path {
-            "/v1/completions" => return Api::Completions,
-            "/v1/chat/completions" => return Api::ChatCompletions,
-            _ => {}
-        }
-        let last = path.rsplit_once('/').map_or(path, |(_, l)| l);
-        let segments = || path.as_bytes().split(|b| *b == b'/');
-        let prefixed = |name: &str| segments().any(|s| s.starts_with(name.as_bytes()));
-        let count = segments().count();
-        if path.ends_with("/chat/completions") {
-            Api::ChatCompletions
-        } else if segments()
-            .take(count.saturating_sub(1))
-            .any(|s| s == b"audio")
-        {
-            Api::Audio
-        } else if prefixed("conversations") {
-            Api::Conversations
-        } else if prefixed("responses") {
-            Api::Responses
-        } else {
-            match last {
-                "embeddings" => Api::Embeddings,
-                "rerank" => Api::Rerank,
-                "score" => Api::Score,
-                "pooling" | "classify" => Api::Pooling,
-                "tokenize" => Api::Tokenize,
-                "detokenize" => Api::Detokenize,
-                _ => Api::Completions,
+        parsers::Parsers::default()
+            .resolve(path)
+            .unwrap_or(Api::Passthrough)
+    }
+
+    /// The OpenAI parser's claim on `path` (query and trailing `/` removed): the API and
+    /// the length of the path's end that names it.
+    fn openai_claim(path: &str) -> Option<(Api, usize)> {
+        use parsers::suffix;
+        for (s, api) in [
+            ("chat/completions/render", Api::Render),
+            ("completions/render", Api::Render),
+            ("chat/completions", Api::ChatCompletions),
+            ("completions", Api::Completions),
+        ] {
+            if let Some(n) = suffix(path, s) {
+                return Some((api, n));
             }
         }
+        // Byte-wise segment checks, not substring searches.
+        let from = |at: usize| path.len() - at;
+        let mut at = 0usize;
+        let mut audio = None;
+        let mut prefixed = None;
+        for seg in path.split('/') {
+            let rest = path.get(at..).unwrap_or("");
+            let last = rest.len() == seg.len();
+            if seg == "audio" && !last && audio.is_none() {
+                audio = Some(from(at));
+            }
+            if prefixed.is_none() {
+                if seg.starts_with("conversations") {
+                    prefixed = Some((Api::Conversations, from(at)));
+                } else if seg.starts_with("responses") {
+                    prefixed = Some((Api::Responses, from(at)));
+                }
+            }
+            at += seg.len() + 1;
+        }
+        if let Some(n) = audio {
+            return Some((Api::Audio, n));
+        }
+        if prefixed.is_some() {
+            return prefixed;
+        }
+        let last = path.rsplit_once('/').map_or(path, |(_, l)| l);
+        let api = match last {
+            "embeddings" => Api::Embeddings,
+            "rerank" => Api::Rerank,
+            "score" => Api::Score,
+            "pooling" | "classify" => Api::Pooling,
+            "tokenize" => Api::Tokenize,
+            "detokenize" => Api::Detokenize,
+            _ => return None,
+        };
+        Some((api, last.len()))
     }
 
     /// Whether the gateway validates the body (generative APIs, as the reference);
-    /// the others are routed whatever their body, vLLM answers their errors.
+    /// the others are routed whatever their body, the server answers their errors.
     pub fn validated(self) -> bool {
         matches!(
             self,
-            Api::Completions | Api::ChatCompletions | Api::Responses
+            Api::Completions
+                | Api::ChatCompletions
+                | Api::Responses
+                | Api::Messages
+                | Api::Generate
         )
+    }
+
+    /// Whether errors the gateway answers on this API take Anthropic's shape.
+    pub fn anthropic(self) -> bool {
+        matches!(self, Api::Messages | Api::CountTokens)
     }
 }
 
@@ -130,36 +177,76 @@ pub struct InferenceRequest<'a> {
 /// Parses a request body for `api`. Errors are the 400s a client should see; only the
 /// generative APIs ([`Api::validated`]) have any.
 pub fn parse_request(api: Api, body: &[u8]) -> Result<InferenceRequest<'_>, ApiError> {
-    if !api.validated() {
-        return Ok(lenient(api, body));
+    match api {
+        Api::Completions | Api::ChatCompletions | Api::Responses => openai_request(api, body),
+        Api::Messages => other_request(api, body, anthropic::routed, anthropic::parse_messages),
+        Api::Generate => other_request(api, body, vllm_generate::routed, vllm_generate::parse),
+        Api::SglangGenerate => {
+            let mut r = InferenceRequest::empty(api);
+            sglang::parse(&mut r, body);
+            Ok(r)
+        }
+        _ => Ok(lenient(api, body)),
     }
-    let doc = json::parse(body)
-        .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}"), None))?;
-    let obj = doc
-        .0
+}
+
+/// The top-level object of a validated request's body, or the 400 a client should see.
+fn object(doc: &json::Body<'_>) -> Result<(), ApiError> {
+    doc.0
         .as_ref()
-        .ok_or_else(|| ApiError::bad_request("request body must be a JSON object", None))?;
-    let model = match obj.get("model") {
-        Some(Json::Str(m)) if !m.is_empty() => m.to_string(),
-        Some(Json::Str(_)) => {
-            return Err(ApiError::bad_request(
-                "`model` must not be empty",
-                Some("model"),
-            ))
-        }
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "`model` must be a string",
-                Some("model"),
-            ))
-        }
-        None => {
-            return Err(ApiError::bad_request(
-                "missing required field `model`",
-                Some("model"),
-            ))
-        }
+        .map(|_| ())
+        .ok_or_else(|| ApiError::bad_request("request body must be a JSON object", None))
+}
+
+fn not_json(e: serde_json::Error) -> ApiError {
+    ApiError::bad_request(format!("request body is not valid JSON: {e}"), None)
+}
+
+/// A validated request of an API with its own parser file: the body's fields `keep`
+/// names, read by `read`.
+fn other_request<'a>(
+    api: Api,
+    body: &'a [u8],
+    keep: fn(&str) -> bool,
+    read: fn(&Json<'a>, &mut InferenceRequest<'a>) -> Result<(), ApiError>,
+) -> Result<InferenceRequest<'a>, ApiError> {
+    let doc = json::parse_keeping(body, keep).map_err(not_json)?;
+    object(&doc)?;
+    let mut r = InferenceRequest::empty(api);
+    if let Some(obj) = &doc.0 {
+        read(obj, &mut r)?;
+    }
+    Ok(r)
+}
+
+/// `model`, required: a non-empty string.
+pub(crate) fn required_model(obj: &Json) -> Result<String, ApiError> {
+    match obj.get("model") {
+        Some(Json::Str(m)) if !m.is_empty() => Ok(m.to_string()),
+        Some(Json::Str(_)) => Err(ApiError::bad_request(
+            "`model` must not be empty",
+            Some("model"),
+        )),
+        Some(_) => Err(ApiError::bad_request(
+            "`model` must be a string",
+            Some("model"),
+        )),
+        None => Err(ApiError::bad_request(
+            "missing required field `model`",
+            Some("model"),
+        )),
+    }
+}
+
+fn openai_request(api: Api, body: &[u8]) -> Result<InferenceRequest<'_>, ApiError> {
+    let doc = json::parse(body).map_err(not_json)?;
+    let Some(obj) = doc.0.as_ref() else {
+        return Err(ApiError::bad_request(
+            "request body must be a JSON object",
+            None,
+        ));
     };
+    let model = required_model(obj)?;
     let stream = match obj.get("stream") {
         None | Some(Json::Null) => false,
         Some(Json::Bool(b)) => *b,
@@ -212,19 +299,26 @@ fn cache_salt(obj: &Json) -> Option<String> {
         .map(str::to_string)
 }
 
+impl InferenceRequest<'_> {
+    /// A request of `api` with nothing read yet.
+    pub fn empty(api: Api) -> Self {
+        InferenceRequest {
+            api,
+            model: String::new(),
+            stream: false,
+            prompt: Cow::Borrowed(""),
+            chat: Vec::new(),
+            max_tokens: None,
+            cache_salt: None,
+            usage_expected: false,
+        }
+    }
+}
+
 /// A request of an API the gateway does not validate: whatever its body holds (a JSON
 /// object or not), the model and the prompt text when they are there.
 fn lenient(api: Api, body: &[u8]) -> InferenceRequest<'_> {
-    let mut r = InferenceRequest {
-        api,
-        model: String::new(),
-        stream: false,
-        prompt: Cow::Borrowed(""),
-        chat: Vec::new(),
-        max_tokens: None,
-        cache_salt: None,
-        usage_expected: false,
-    };
+    let mut r = InferenceRequest::empty(api);
     if api == Api::Audio {
         return r; // multipart: routed by load
     }
@@ -242,6 +336,8 @@ fn lenient(api: Api, body: &[u8]) -> InferenceRequest<'_> {
         Api::Rerank => &["query", "documents"],
         Api::Score => &["text_1", "text_2", "queries", "documents"],
         Api::Tokenize => &["prompt", "messages"],
+        // A body the gateway has no parser for: the usual prompt fields, if present.
+        Api::Passthrough => &["prompt", "messages", "input"],
         _ => &[],
     };
     for f in fields {
@@ -260,7 +356,7 @@ fn lenient(api: Api, body: &[u8]) -> InferenceRequest<'_> {
 /// The text in a value: strings as they are, token ids as numbers followed by a space
 /// (so equal token prompts hash equally), lists in order, objects by their `text` or
 /// `content` field.
-fn text_of(v: &Json, out: &mut String) {
+pub(crate) fn text_of(v: &Json, out: &mut String) {
     match v {
         Json::Str(s) => out.push_str(s),
         Json::Number(n) => {
@@ -460,7 +556,7 @@ mod tests {
             Api::ChatCompletions
         );
         assert_eq!(Api::from_path("/v1/completions"), Api::Completions);
-        assert_eq!(Api::from_path("/other"), Api::Completions);
+        assert_eq!(Api::from_path("/other"), Api::Passthrough);
         for (path, api) in [
             ("/v1/responses", Api::Responses),
             ("/v1/conversations", Api::Conversations),

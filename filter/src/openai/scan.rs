@@ -28,6 +28,12 @@ pub const MAX_DEPTH: u32 = 64;
 /// The body's top-level object with its routed fields, or `None` when the fast path does
 /// not handle this body (the caller parses it with `serde_json`).
 pub fn body(bytes: &[u8]) -> Option<Body<'_>> {
+    body_keeping(bytes, routed)
+}
+
+/// [`body`] keeping the top-level fields `keep` names instead (another API's fields).
+#[inline]
+pub fn body_keeping(bytes: &[u8], keep: impl Fn(&str) -> bool) -> Option<Body<'_>> {
     let mut p = Scanner { b: bytes, i: 0 };
     p.ws();
     p.eat(b'{')?;
@@ -40,7 +46,7 @@ pub fn body(bytes: &[u8]) -> Option<Body<'_>> {
             p.ws();
             p.eat(b':')?;
             p.ws();
-            if routed(key) {
+            if keep(key) {
                 pairs.push((Cow::Borrowed(key), p.value(1)?));
             } else {
                 p.skip_value(1)?;

@@ -289,8 +289,13 @@ impl Watch {
     pub fn chunk(&mut self, tail: &[u8]) {
         let mut window = std::mem::take(&mut self.carry);
         window.extend_from_slice(tail);
-        let report = parse_usage(&window);
+        let mut report = parse_usage(&window);
         if report.prompt_tokens.is_some() {
+            // A later usage of the same prompt without the cached count (Anthropic's
+            // `message_delta` after `message_start`) keeps the count already read.
+            if report.cached_tokens.is_none() && report.prompt_tokens == self.report.prompt_tokens {
+                report.cached_tokens = self.report.cached_tokens;
+            }
             self.report = report;
         }
         let keep = window.len().saturating_sub(CARRY);
@@ -299,13 +304,15 @@ impl Watch {
 }
 
 /// The `usage` of a response chunk (`window`: the chunk's tail, with the previous chunk's
-/// tail before it): the last `prompt_tokens` and `cached_tokens` in it. Streamed chunks
+/// tail before it): the last `prompt_tokens` and `cached_tokens` in it (Anthropic's
+/// Messages: `input_tokens` and `cache_read_input_tokens`). Streamed chunks
 /// carry `"usage":null` until the usage chunk, which has no choices.
 pub fn parse_usage(window: &[u8]) -> Report {
     Report {
         prompt_tokens: usage_number(window, b"\"prompt_tokens\"")
             .or_else(|| usage_number(window, b"\"input_tokens\"")),
-        cached_tokens: usage_number(window, b"\"cached_tokens\""),
+        cached_tokens: usage_number(window, b"\"cached_tokens\"")
+            .or_else(|| usage_number(window, b"\"cache_read_input_tokens\"")),
     }
 }
 

@@ -540,7 +540,7 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
         give_back(w.tokens);
         if let Ok(_stream) = host::on_stream(r.ctx, current) {
             if let Some(e) = Outcome::EvictedOther.error(rt.flow.control.budgets()) {
-                route::reply(&e, &w.model, &[]);
+                route::reply(&e, w.route.api, &w.model, &[]);
             }
         }
         return;
@@ -569,7 +569,7 @@ fn wake(r: ParkedRequest<Waiting>, current: u32) {
         }
         Err(e) => {
             give_back(w.tokens);
-            route::reply(&e, &w.model, &[]);
+            route::reply(&e, w.route.api, &w.model, &[]);
         }
     }
 }
@@ -646,7 +646,7 @@ fn evict(ctxs: Vec<u32>, outcome: Outcome, current: u32) -> usize {
         }
         if let Ok(_stream) = host::on_stream(ctx, current) {
             if let Some(e) = outcome.error(rt.flow.control.budgets()) {
-                route::reply(&e, &r.data.model, &[]);
+                route::reply(&e, r.data.route.api, &r.data.model, &[]);
             }
         }
         n += 1;

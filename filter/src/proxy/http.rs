@@ -115,7 +115,7 @@ impl Http {
 
     /// Answers with an error and stops the request.
     fn reject(&self, error: &ApiError, model: &str) -> Action {
-        if route::reply(error, model, &[]) {
+        if route::reply(error, Some(self.api), model, &[]) {
             Action::Pause
         } else {
             // Nothing routes a request without a destination: Envoy answers 503.
@@ -254,7 +254,10 @@ impl HttpContext for Http {
                 return serve_metrics(m.idle_series_ms);
             }
         }
-        self.api = Api::from_path(path);
+        // The parser for the path (`requestHandler.parsers`); none claims it: 404 once a
+        // body shows the request needs one.
+        let claimed = self.rt.resolved.parsers.resolve(path);
+        self.api = claimed.unwrap_or(Api::Passthrough);
         // The flow, from the source `pool.classification` trusts (a host call only for
         // a metadata / filter-state source).
         let classified = classify(&self.rt.pool.classification, &headers, &mut |path| {
@@ -308,6 +311,15 @@ impl HttpContext for Http {
                 log::warn!("cannot strip {name}: status {status}");
             }
         }
+        if claimed.is_none() && !end_of_stream {
+            let e = ApiError::not_found(format!(
+                "no request parser claims path {}; configured: {} (add passthrough-parser \
+                 last to requestHandler.parsers to forward every other path)",
+                crate::errors::cut(path.split('?').next().unwrap_or_default(), 128),
+                self.rt.resolved.parsers.names().join(", ")
+            ));
+            return self.reject(&e, "");
+        }
         if end_of_stream {
             // No body (GET /v1/models and the like): any endpoint will do.
             let input = self.route_input(None, String::new(), 0);
@@ -341,7 +353,7 @@ impl HttpContext for Http {
         };
         // A multipart body (audio) cannot be rewritten; a request naming no model is left
         // to the server's default unless the client asked for a rewrite.
-        let rewritable = request.api != Api::Audio
+        let rewritable = !matches!(request.api, Api::Audio | Api::Passthrough)
             && (!request.model.is_empty() || self.rewrite_header.is_some());
         let target = if rewritable {
             self.target_model(&request.model)

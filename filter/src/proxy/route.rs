@@ -518,15 +518,19 @@ fn ejected(endpoint: &str, result: Result<Option<u64>, StoreError>, what: &str) 
     }
 }
 
-/// Answers the current stream with an OpenAI-style error (with a flow-control drop's
-/// reason and `Retry-After`). `false` if the host refused.
-pub fn reply(error: &ApiError, model: &str, extra: &[(&str, &str)]) -> bool {
+/// Answers the current stream with an error in its API's shape (Anthropic's on the
+/// Messages paths, OpenAI's otherwise), with a flow-control drop's reason and
+/// `Retry-After`. `false` if the host refused.
+pub fn reply(error: &ApiError, api: Option<Api>, model: &str, extra: &[(&str, &str)]) -> bool {
     stats::add(
         &metrics::OBJECTIVE_REQUEST_ERROR_TOTAL,
         &[model, model, metrics::error_code(error.status)],
         1,
     );
-    let body = error.body();
+    let body = match api {
+        Some(api) if api.anthropic() => error.anthropic_body(crate::openai::anthropic::error_type),
+        _ => error.body(),
+    };
     let retry_after = error.retry_after_s().map(|s| s.to_string());
     let mut headers = vec![("content-type", "application/json")];
     if let Some(reason) = error.dropped {

@@ -24,7 +24,7 @@ use crate::config::{
 };
 use crate::datalayer::{mapping, source};
 use crate::flow_control::saturation::utilization;
-use crate::openai;
+use crate::openai::parsers::{self, Parser, Parsers};
 use crate::registry::{self, Role};
 use crate::scheduler::handlers::single;
 use crate::scheduler::pickers::max_score;
@@ -101,26 +101,54 @@ pub fn resolve(doc: &EndpointPickerConfig) -> Result<Resolved, ConfigError> {
         doc.inject_data_defaults,
         &mut plugins,
     )?;
-    let parser = match &doc.parser {
-        Some(name) => {
-            require_role(
-                &plugins,
-                name,
-                Role::Parser,
-                "parser.pluginRef",
-                &[openai::PARSER_TYPE],
-            )?;
-            name.clone()
-        }
-        None => openai::PARSER_TYPE.to_string(),
-    };
+    let parsers = resolve_parsers(doc, &plugins)?;
     Ok(Resolved {
         plugins,
         profiles,
         feature_gates: doc.feature_gates.clone(),
         saturation_detector,
         data_sources,
-        parser,
+        parsers,
+    })
+}
+
+/// The request parsers: `requestHandler.parsers`, else the deprecated `parser`, else the
+/// defaults. Each reference names a declared parser plugin or a parser type.
+fn resolve_parsers(
+    doc: &EndpointPickerConfig,
+    plugins: &[PluginSpec],
+) -> Result<Parsers, ConfigError> {
+    let (refs, field): (Vec<String>, &str) = match (&doc.request_parsers, &doc.parser) {
+        (Some(list), _) if !list.is_empty() => (list.clone(), "requestHandler.parsers"),
+        (_, Some(one)) => (vec![one.clone()], "parser"),
+        _ => return Ok(Parsers::default()),
+    };
+    let path = |i: usize| {
+        if field == "parser" {
+            "parser.pluginRef".to_string()
+        } else {
+            format!("{field}[{i}].pluginRef")
+        }
+    };
+    let builtin: Vec<&str> = parsers::TYPES.iter().map(|(n, _)| *n).collect();
+    let mut list = Vec::with_capacity(refs.len());
+    for (i, name) in refs.iter().enumerate() {
+        require_role(plugins, name, Role::Parser, &path(i), &builtin)?;
+        let type_name = plugins
+            .iter()
+            .find(|p| &p.name == name)
+            .map_or(name.as_str(), |p| p.type_name.as_str());
+        let parser = Parser::of_type(type_name)
+            .ok_or_else(|| err(&path(i), format!("\"{type_name}\" is not a request parser")))?;
+        list.push(parser);
+    }
+    Parsers::new(&list).map_err(|e| {
+        let at = if field == "parser" {
+            field.to_string()
+        } else {
+            format!("{field}[{}]", e.index)
+        };
+        err(&at, e.reason)
     })
 }
 

@@ -44,8 +44,8 @@ pub struct Resolved {
     pub saturation_detector: String,
     /// Metric sources (empty: collection disabled).
     pub data_sources: Vec<SourceSpec>,
-    /// Name of the request parser plugin.
-    pub parser: String,
+    /// The request parsers: which API each path is parsed as.
+    pub parsers: crate::openai::parsers::Parsers,
 }
 
 impl Resolved {

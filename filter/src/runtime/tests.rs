@@ -46,7 +46,10 @@ fn no_configuration_is_the_reference_default_profile_with_its_detector_as_a_filt
             Some(serde_json::json!(2.0))
         );
         assert_eq!(c.resolved.data_sources.len(), 1);
-        assert_eq!(c.resolved.parser, "openai-parser");
+        assert_eq!(
+            c.resolved.parsers,
+            crate::openai::parsers::Parsers::default()
+        );
         let s = &c.scheduler;
         assert_eq!(s.profiles[0].scorers.len(), 3);
         assert_eq!(s.profiles[0].filters.len(), 1);

@@ -28,7 +28,9 @@ use std::rc::Rc;
 use std::time::Duration;
 use vllm_sim::api::errors::ApiError;
 use vllm_sim::api::openai::{self, Api, Choice, ChunkWriter, InferenceRequest};
+use vllm_sim::api::responses::{self, ResponseMeta};
 use vllm_sim::api::sse::{Routed, SseEncoder};
+use vllm_sim::api::{anthropic, generate};
 use vllm_sim::engine::latency::LatencyProfile;
 use vllm_sim::engine::SchedulingPolicy;
 use vllm_sim::engine::{Engine, EngineConfig, EngineRequest, EventKind, KvTransfer, RequestId};
@@ -143,6 +145,15 @@ impl VllmConfig {
     }
 }
 
+/// Which API's body a non-streamed answer has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    OpenAi(Api),
+    Responses,
+    Messages,
+    Generate,
+}
+
 /// How one HTTP request is being answered.
 #[derive(Debug)]
 enum Answer {
@@ -150,7 +161,7 @@ enum Answer {
     Stream(SseEncoder),
     /// Not streaming: the choices so far; one body at the end.
     Json {
-        api: Api,
+        api: Shape,
         id: String,
         created: u64,
         model: String,
@@ -431,15 +442,42 @@ impl VllmUpstream {
                     remote_decode,
                     ..
                 } => {
-                    let body = openai::response_json(
-                        *api,
-                        rid,
-                        *created,
-                        model,
-                        choices,
-                        usage,
-                        *remote_decode,
-                    );
+                    let text = choices.first().map_or("", |c| c.text.as_str());
+                    let reason = choices
+                        .first()
+                        .and_then(|c| c.finish_reason)
+                        .unwrap_or(vllm_sim::engine::FinishReason::Stop);
+                    let body = match *api {
+                        Shape::OpenAi(api) => openai::response_json(
+                            api,
+                            rid,
+                            *created,
+                            model,
+                            choices,
+                            usage,
+                            *remote_decode,
+                        ),
+                        Shape::Responses => {
+                            let meta = ResponseMeta {
+                                id: rid.clone(),
+                                item_id: format!("msg_{rid}"),
+                                created_at: *created,
+                                model: model.clone(),
+                                max_output_tokens: usage.completion_tokens as u64,
+                                instructions: None,
+                                metadata: serde_json::Value::Null,
+                                temperature: 1.0,
+                                top_p: 1.0,
+                                user: None,
+                            };
+                            responses::response_object(&meta, text, Some((reason, usage)))
+                                .to_string()
+                        }
+                        Shape::Messages => {
+                            anthropic::response_json(rid, model, text, reason, usage)
+                        }
+                        Shape::Generate => generate::vllm_json(rid, *created, model, reason, usage),
+                    };
                     self.active.remove(&id);
                     self.respond(at, id, 200, "application/json", body);
                 }
@@ -518,7 +556,7 @@ impl VllmUpstream {
             ))
         } else {
             Answer::Json {
-                api,
+                api: Shape::OpenAi(api),
                 id: rid,
                 created,
                 model: display_model,
@@ -527,6 +565,71 @@ impl VllmUpstream {
                 unfinished: ids.len(),
                 remote_decode: request.kv_transfer == KvTransfer::RemoteDecode,
             }
+        };
+        self.active.insert(
+            id,
+            Active {
+                engine_ids: ids,
+                answer,
+            },
+        );
+    }
+
+    /// `/v1/responses`, `/v1/messages`, `/inference/v1/generate`: parsed as the server
+    /// parses them, one engine request, answered whole (a streamed request is answered
+    /// whole too: the tests of these APIs here look at where they run, not their frames).
+    fn other(&mut self, now: Nanos, id: u64, shape: Shape, req: &UpstreamRequest) {
+        let parsed = match shape {
+            Shape::Responses => {
+                responses::parse(&req.body).map(|r| (r.model, r.prompt, r.max_output_tokens))
+            }
+            Shape::Messages => anthropic::parse(&req.body, false)
+                .map(|r| (Some(r.model), r.prompt, Some(r.max_tokens))),
+            Shape::Generate => {
+                generate::parse_vllm(&req.body).map(|r| (r.model, r.prompt, r.max_tokens))
+            }
+            Shape::OpenAi(_) => return,
+        };
+        let (model, prompt, max_tokens) = match parsed {
+            Ok(p) => p,
+            Err(e) => return self.error(now, id, &e),
+        };
+        let request = InferenceRequest {
+            api: Api::Chat,
+            model: model.clone(),
+            prompts: vec![prompt],
+            max_tokens,
+            ignore_eos: false,
+            stream: false,
+            include_usage: false,
+            continuous_usage: false,
+            kv_transfer: KvTransfer::None,
+            priority: 0,
+        };
+        let lora = match model.as_deref() {
+            None => None,
+            Some(m) if self.aliases.iter().any(|a| a == m) => None,
+            Some(m) if self.engine.has_lora(m) => Some(m.to_string()),
+            Some(m) => return self.error(now, id, &ApiError::model_not_found(m)),
+        };
+        let ids = match self.submit(now, &request, lora) {
+            Ok(ids) => ids,
+            Err(e) => return self.error(now, id, &e),
+        };
+        for (choice, eid) in ids.iter().enumerate() {
+            self.by_engine.insert(*eid, (id, choice));
+        }
+        let n = self.next_request;
+        self.next_request += 1;
+        let answer = Answer::Json {
+            api: shape,
+            id: format!("{:016x}{n:016x}", self.created),
+            created: unix_secs(now),
+            model: model.unwrap_or_else(|| self.model.clone()),
+            choices: vec![Choice::default(); ids.len()],
+            usage: Usage::default(),
+            unfinished: ids.len(),
+            remote_decode: false,
         };
         self.active.insert(
             id,
@@ -601,6 +704,9 @@ impl Upstream for VllmUpstream {
         match (req.method.as_str(), path) {
             ("POST", "/v1/completions") => self.inference(now, id, Api::Completions, req),
             ("POST", "/v1/chat/completions") => self.inference(now, id, Api::Chat, req),
+            ("POST", "/v1/responses") => self.other(now, id, Shape::Responses, req),
+            ("POST", "/v1/messages") => self.other(now, id, Shape::Messages, req),
+            ("POST", "/inference/v1/generate") => self.other(now, id, Shape::Generate, req),
             ("GET", "/metrics") => {
                 let text = self.metrics(now);
                 self.respond(

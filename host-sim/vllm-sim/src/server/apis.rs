@@ -8,9 +8,11 @@ use super::routes::{
     resolve_lora, sse_response, submit, Resp, Submission,
 };
 use super::{lock, unix_time, Rank};
+use crate::api::anthropic;
 use crate::api::audio::{self, AudioApi};
 use crate::api::conversations;
 use crate::api::errors::ApiError;
+use crate::api::generate::{self, Flavor, GenerateEncoder};
 use crate::api::pooling::{self, PoolingApi};
 use crate::api::responses::{self, ResponseMeta, ResponsesEncoder};
 use crate::api::sse::SseStream;
@@ -220,4 +222,108 @@ pub(super) async fn audio(
         return Ok(resp);
     }
     Ok(json_response(200, audio::response_json(&request, text)))
+}
+
+/// `POST /v1/messages` and `/v1/messages/count_tokens`: errors in Anthropic's shape.
+pub(super) async fn messages(
+    rank: &Arc<Rank>,
+    req: Request<Incoming>,
+    count_tokens: bool,
+) -> Result<Resp, ApiError> {
+    let result = if count_tokens {
+        count(rank, req).await
+    } else {
+        message(rank, req).await
+    };
+    Ok(result.unwrap_or_else(|e| json_response(e.status, anthropic::error_json(&e))))
+}
+
+async fn count(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, ApiError> {
+    let body = read_body(rank, req).await?;
+    let request = anthropic::parse(&body, true)?;
+    resolve_lora(rank, Some(&request.model))?;
+    Ok(json_response(
+        200,
+        anthropic::count_json(request.prompt.len()),
+    ))
+}
+
+async fn message(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, ApiError> {
+    preflight(rank, &req)?;
+    let body = read_body(rank, req).await?;
+    let request = anthropic::parse(&body, false)?;
+    let lora = resolve_lora(rank, Some(&request.model))?;
+    let rx = generate(
+        rank,
+        std::slice::from_ref(&request.prompt),
+        Some(request.max_tokens),
+        lora,
+    )?;
+    let id = new_id(rank, "msg", '_');
+    if request.stream {
+        let encoder = Box::new(anthropic::MessagesEncoder::new(
+            &id,
+            &request.model,
+            request.prompt.len(),
+        ));
+        return Ok(sse_response(SseStream::with_encoder(rx, encoder)));
+    }
+    let (choices, usage) = collect(rx, 1).await?;
+    let reason = choices[0].finish_reason.unwrap_or(FinishReason::Stop);
+    let body = anthropic::response_json(&id, &request.model, &choices[0].text, reason, &usage);
+    Ok(json_response(200, body))
+}
+
+/// `POST /inference/v1/generate` (vLLM) and `/generate` (SGLang).
+pub(super) async fn token_generate(
+    rank: &Arc<Rank>,
+    req: Request<Incoming>,
+    flavor: Flavor,
+) -> Result<Resp, ApiError> {
+    preflight(rank, &req)?;
+    let body = read_body(rank, req).await?;
+    let request = match flavor {
+        Flavor::Vllm => generate::parse_vllm(&body)?,
+        Flavor::Sglang => generate::parse_sglang(&body)?,
+    };
+    let lora = resolve_lora(rank, request.model.as_deref())?;
+    let model = request.model.clone().unwrap_or_else(|| rank.model.clone());
+    let rx = generate(
+        rank,
+        std::slice::from_ref(&request.prompt),
+        request.max_tokens,
+        lora,
+    )?;
+    let id = new_id(rank, "generate-tokens", '-');
+    if request.stream {
+        let encoder = Box::new(GenerateEncoder::new(
+            flavor,
+            &id,
+            request.prompt.len(),
+            request.include_usage,
+        ));
+        return Ok(sse_response(SseStream::with_encoder(rx, encoder)));
+    }
+    let (choices, usage) = collect(rx, 1).await?;
+    let reason = choices[0].finish_reason.unwrap_or(FinishReason::Stop);
+    let body = match flavor {
+        Flavor::Vllm => generate::vllm_json(&id, unix_time().as_secs(), &model, reason, &usage),
+        Flavor::Sglang => generate::sglang_json(&id, &choices[0].text, reason, &usage),
+    };
+    Ok(json_response(200, body))
+}
+
+/// `POST /v1/chat/completions/render` and `/v1/completions/render`: no engine.
+pub(super) async fn render(
+    rank: &Arc<Rank>,
+    req: Request<Incoming>,
+    api: crate::api::openai::Api,
+) -> Result<Resp, ApiError> {
+    let body = read_body(rank, req).await?;
+    let request = crate::api::openai::parse_with(api, &body, rank.tokenizer.as_deref())?;
+    resolve_lora(rank, request.model.as_deref())?;
+    Ok(json_response(
+        200,
+        generate::render_json(&request, &rank.model),
+    ))
 }

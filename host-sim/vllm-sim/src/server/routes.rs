@@ -65,6 +65,18 @@ async fn route(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, ApiErro
         (&Method::POST, "/v1/completions") => inference(rank, Api::Completions, req).await,
         (&Method::POST, "/v1/chat/completions") => inference(rank, Api::Chat, req).await,
         (&Method::POST, "/v1/responses") => apis::responses(rank, req).await,
+        (&Method::POST, "/v1/messages") => apis::messages(rank, req, false).await,
+        (&Method::POST, "/v1/messages/count_tokens") => apis::messages(rank, req, true).await,
+        (&Method::POST, "/inference/v1/generate") => {
+            apis::token_generate(rank, req, crate::api::generate::Flavor::Vllm).await
+        }
+        (&Method::POST, "/generate") => {
+            apis::token_generate(rank, req, crate::api::generate::Flavor::Sglang).await
+        }
+        (&Method::POST, "/v1/chat/completions/render") => apis::render(rank, req, Api::Chat).await,
+        (&Method::POST, "/v1/completions/render") => {
+            apis::render(rank, req, Api::Completions).await
+        }
         (&Method::POST, "/v1/embeddings") => apis::pooling(rank, PoolingApi::Embeddings, req).await,
         (&Method::POST, "/pooling") => apis::pooling(rank, PoolingApi::Pooling, req).await,
         (&Method::POST, "/classify") => apis::pooling(rank, PoolingApi::Classify, req).await,
@@ -100,6 +112,12 @@ async fn route(rank: &Arc<Rank>, req: Request<Incoming>) -> Result<Resp, ApiErro
             "/v1/completions"
             | "/v1/chat/completions"
             | "/v1/responses"
+            | "/v1/messages"
+            | "/v1/messages/count_tokens"
+            | "/inference/v1/generate"
+            | "/generate"
+            | "/v1/chat/completions/render"
+            | "/v1/completions/render"
             | "/v1/embeddings"
             | "/pooling"
             | "/classify"
