@@ -2,9 +2,7 @@
 //! filter (2 workers) in front of one `vllm-sim`: for each class of hostile request, a
 //! few well-formed clients send completions back to back while hostile clients send
 //! theirs, and the well-formed requests' latency (p50, p99, max) is printed beside a
-//! phase without hostile traffic, with Envoy's heap before and after; then the same
-//! phases through Envoy without the filter (what Envoy and the server alone cost on this
-//! machine).
+//! phase without hostile traffic, with Envoy's heap before and after.
 //!
 //! ```sh
 //! cargo run -p tests --release --bin hostile-stall -- [SECONDS_PER_PHASE]   # default 10
@@ -72,14 +70,8 @@ fn main() {
         "{:<10} {:<14} {:>6} {:>9} {:>9} {:>9} {:>8} {:>14} {:>12}",
         "envoy", "hostile", "good", "p50 ms", "p99 ms", "max ms", "hostile", "statuses", "heap MB"
     );
-    for with_filter in [true, false] {
-        let envoy = Envoy::start_with(&json!({}), &[&server.address], 2, with_filter);
-        phases(
-            &envoy,
-            seconds,
-            if with_filter { "filter" } else { "no filter" },
-        );
-    }
+    let envoy = Envoy::start(&json!({}), &[&server.address], 2);
+    phases(&envoy, seconds, "filter");
 }
 
 /// Runs every phase against `envoy` and prints a row each.
