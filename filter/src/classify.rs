@@ -127,6 +127,18 @@ pub fn steering<'a>(trust: &TrustHeaders, headers: &'a HeaderMap<'_>) -> Steerin
     }
 }
 
+/// The session token in header `name` (the session plugins' header, `x-session-token` by
+/// default), where `trust` obeys it: not empty, at most [`MAX_SESSION_TOKEN_BYTES`].
+pub fn session_token<'a>(
+    trust: &TrustHeaders,
+    headers: &'a HeaderMap<'_>,
+    name: &str,
+) -> Option<&'a str> {
+    headers
+        .get(name)
+        .filter(|v| trust.session_token && !v.is_empty() && v.len() <= MAX_SESSION_TOKEN_BYTES)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,7 +321,15 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn an_oversized_session_token_is_ignored() {
         let long = "A".repeat(MAX_SESSION_TOKEN_BYTES + 1);
-        let h = headers(&[("x-session-token", &long)]);
+        let h = headers(&[("x-session-token", &long), ("x-s", "abc")]);
         assert_eq!(steering(&TrustHeaders::default(), &h).session_token, None);
+        let t = TrustHeaders::default();
+        assert_eq!(session_token(&t, &h, "x-session-token"), None);
+        assert_eq!(session_token(&t, &h, "x-s"), Some("abc"));
+        let off = TrustHeaders {
+            session_token: false,
+            ..t
+        };
+        assert_eq!(session_token(&off, &h, "x-s"), None);
     }
 }

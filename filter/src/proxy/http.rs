@@ -15,7 +15,7 @@ use super::route::RouteInput;
 use super::vm::{self, Running};
 use super::{feedback, host, host::Map, latency, route, stats};
 use crate::bound;
-use crate::classify::{classify, steering};
+use crate::classify::{classify, session_token, steering};
 use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
@@ -29,6 +29,7 @@ use crate::rng::Rng;
 use crate::runtime::Runtime;
 use crate::scheduler::handlers::slo_aware;
 use crate::scheduler::scorers::session_affinity;
+use crate::scheduler::session::Strategy;
 use std::rc::Rc;
 
 pub struct Http {
@@ -286,8 +287,13 @@ impl HttpContext for Http {
             slo_aware::parse_headers(steer.prediction_based, steer.prediction_based_off);
         self.subset = steer.subset.map(parse_subset);
         self.rewrite_header = steer.model_rewrite.map(str::to_string);
-        if self.rt.sessions {
-            self.session = steer.session_token.map(str::to_string);
+        if let Some(s) = &self.rt.session {
+            // The session plugins' header, where `pool.trustHeaders.sessionToken` obeys it.
+            self.session = s
+                .headers
+                .iter()
+                .find_map(|h| session_token(&self.rt.pool.trust_headers, &headers, h))
+                .map(str::to_string);
         }
         if !headers.is_empty() && headers.get(REQUEST_ID).is_none() {
             // Envoy generates one for edge requests; behind another proxy it may not.
@@ -511,10 +517,16 @@ impl HttpContext for Http {
         if let Err(status) = host::set_header(Map::ResponseHeaders, SERVED, &served) {
             log::warn!("cannot set {SERVED}: status {status}");
         }
-        if self.rt.sessions {
+        if let Some(s) = self
+            .rt
+            .session
+            .as_ref()
+            .filter(|s| s.strategy == Strategy::EncodedEndpoint)
+        {
             let token = session_affinity::token(&served);
-            if let Err(status) = host::set_header(Map::ResponseHeaders, SESSION_TOKEN, &token) {
-                log::warn!("cannot set {SESSION_TOKEN}: status {status}");
+            let header = s.headers.first().map_or(SESSION_TOKEN, String::as_str);
+            if let Err(status) = host::set_header(Map::ResponseHeaders, header, &token) {
+                log::warn!("cannot set {header}: status {status}");
             }
         }
         Action::Continue
