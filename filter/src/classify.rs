@@ -1,11 +1,19 @@
-//! A request's flow: its fairness id and objective, read from the source
-//! `pool.classification` trusts (`crate::config::classification`), with the defaults
-//! and the objective allow-list applied. The proxy reads the headers once and hands in
-//! a property reader; it is called only for a `metadata` / `filterState` source, so
-//! the default (`client`) costs no host call.
+//! The trust boundary: what a request's headers are believed to say.
+//!
+//! * Its flow ([`classify`]): its fairness id and objective, read from the source
+//!   `pool.classification` trusts (`crate::config::classification`), with the defaults
+//!   and the objective allow-list applied. The proxy reads the headers once and hands in
+//!   a property reader; it is called only for a `metadata` / `filterState` source, so
+//!   the default (`client`) costs no host call.
+//! * The other headers that change what the gateway does ([`steering`]): the model
+//!   rewrite, the subset hint, the SLO and profile-selection headers and the session
+//!   token, each only where `pool.trustHeaders` obeys it (`crate::config::trust`).
 
-use crate::config::{Claim, Classification, Source};
-use crate::headers::{HeaderMap, FAIRNESS_ID, OBJECTIVE};
+use crate::config::{Claim, Classification, Source, TrustHeaders};
+use crate::headers::{
+    HeaderMap, FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE, PREDICTION_BASED, PREDICTION_BASED_OFF,
+    SESSION_TOKEN, SLO_TPOT, SLO_TTFT, SUBSET,
+};
 
 /// Longest fairness id or objective kept, in bytes: a longer value is cut (at a
 /// character boundary), so a client cannot make the shared records and metric labels
@@ -77,6 +85,45 @@ pub fn classify(
         fairness_id,
         objective,
         refused_objective,
+    }
+}
+
+/// Longest session token obeyed, in bytes: a token names one endpoint (`ip:port` in
+/// base64), so a longer one is not the gateway's and is ignored.
+pub const MAX_SESSION_TOKEN_BYTES: usize = 256;
+
+/// The headers that steer a request, as far as they are obeyed (`None`: absent, empty, or
+/// not trusted). Values borrow the header map; the caller parses them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Steering<'a> {
+    /// The model to send the request as (`x-gateway-model-name-rewrite`, then `x-llm-d-`).
+    pub model_rewrite: Option<&'a str>,
+    /// The endpoints the pick is narrowed to (`x-gateway-destination-endpoint-subset`).
+    pub subset: Option<&'a str>,
+    /// The TTFT SLO in ms (`x-slo-ttft-ms`, then `x-llm-d-`).
+    pub slo_ttft: Option<&'a str>,
+    /// The TPOT SLO in ms (`x-slo-tpot-ms`, then `x-llm-d-`).
+    pub slo_tpot: Option<&'a str>,
+    /// `x-prediction-based-scheduling`.
+    pub prediction_based: Option<&'a str>,
+    /// `x-prediction-based-scheduling-off`.
+    pub prediction_based_off: Option<&'a str>,
+    /// `x-session-token`, at most [`MAX_SESSION_TOKEN_BYTES`].
+    pub session_token: Option<&'a str>,
+}
+
+/// The steering headers of a request that `trust` obeys.
+pub fn steering<'a>(trust: &TrustHeaders, headers: &'a HeaderMap<'_>) -> Steering<'a> {
+    let when = |on: bool, v: Option<&'a str>| v.filter(|_| on);
+    Steering {
+        model_rewrite: when(trust.model_rewrite, headers.first(&MODEL_REWRITE)),
+        subset: when(trust.subset, headers.get(SUBSET)),
+        slo_ttft: when(trust.slo, headers.first(&SLO_TTFT)),
+        slo_tpot: when(trust.slo, headers.first(&SLO_TPOT)),
+        prediction_based: when(trust.profile, headers.get(PREDICTION_BASED)),
+        prediction_based_off: when(trust.profile, headers.get(PREDICTION_BASED_OFF)),
+        session_token: when(trust.session_token, headers.first(&[SESSION_TOKEN]))
+            .filter(|t| t.len() <= MAX_SESSION_TOKEN_BYTES),
     }
 }
 
@@ -205,5 +252,64 @@ mod tests {
         );
         assert_eq!(got.fairness_id.len(), MAX_VALUE_BYTES);
         assert!(long.starts_with(&got.fairness_id));
+    }
+
+    const STEER: &[(&str, &str)] = &[
+        ("x-llm-d-model-name-rewrite", "forbidden-model"),
+        ("x-gateway-destination-endpoint-subset", "10.0.0.1:8000"),
+        ("x-slo-ttft-ms", "100"),
+        ("x-llm-d-slo-tpot-ms", "20"),
+        ("x-prediction-based-scheduling", "true"),
+        ("x-prediction-based-scheduling-off", "false"),
+        ("x-session-token", "MTAuMC4wLjE6ODAwMA=="),
+    ];
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn by_default_every_steering_header_is_obeyed_but_the_model_rewrite() {
+        let h = headers(STEER);
+        let s = steering(&TrustHeaders::default(), &h);
+        assert_eq!(
+            s.model_rewrite, None,
+            "a client cannot choose the model served"
+        );
+        assert_eq!(s.subset, Some("10.0.0.1:8000"));
+        assert_eq!((s.slo_ttft, s.slo_tpot), (Some("100"), Some("20")));
+        assert_eq!(
+            (s.prediction_based, s.prediction_based_off),
+            (Some("true"), Some("false"))
+        );
+        assert_eq!(s.session_token, Some("MTAuMC4wLjE6ODAwMA=="));
+        let all = TrustHeaders {
+            model_rewrite: true,
+            ..TrustHeaders::default()
+        };
+        assert_eq!(steering(&all, &h).model_rewrite, Some("forbidden-model"));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn each_switch_turns_its_headers_off() {
+        let h = headers(STEER);
+        let none = TrustHeaders {
+            model_rewrite: false,
+            subset: false,
+            slo: false,
+            profile: false,
+            session_token: false,
+        };
+        assert_eq!(steering(&none, &h), Steering::default());
+        let no_slo = TrustHeaders {
+            slo: false,
+            ..TrustHeaders::default()
+        };
+        let s = steering(&no_slo, &h);
+        assert_eq!((s.slo_ttft, s.slo_tpot), (None, None));
+        assert_eq!(s.subset, Some("10.0.0.1:8000"));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn an_oversized_session_token_is_ignored() {
+        let long = "A".repeat(MAX_SESSION_TOKEN_BYTES + 1);
+        let h = headers(&[("x-session-token", &long)]);
+        assert_eq!(steering(&TrustHeaders::default(), &h).session_token, None);
     }
 }

@@ -52,8 +52,11 @@ pub const RETRY_AFTER: &str = "retry-after";
 pub const ORIGINAL_DST_HOST: &str = "x-envoy-original-dst-host";
 
 /// Headers a client must not pass upstream or set itself: the gateway owns them (the
-/// subset hint, the rewrite, SLO and profile-selection headers are read first).
-pub const GATEWAY_OWNED: [&str; 17] = [
+/// subset hint, the rewrite, SLO and profile-selection headers are read first, where
+/// `pool.trustHeaders` obeys them), or they steer Envoy's own routing
+/// (`x-envoy-original-dst-host`: an `ORIGINAL_DST` cluster on its default header would
+/// connect wherever a client says).
+pub const GATEWAY_OWNED: [&str; 18] = [
     DESTINATION,
     PRIMARY,
     PREFILLER,
@@ -71,7 +74,17 @@ pub const GATEWAY_OWNED: [&str; 17] = [
     SLO_TPOT[1],
     PREDICTION_BASED,
     PREDICTION_BASED_OFF,
+    ORIGINAL_DST_HOST,
 ];
+
+/// A request whose bytes after its headers are a tunnel, not a body to wait for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tunnel {
+    /// `CONNECT` (HTTP/1 or HTTP/2): no route of the gateway serves one.
+    Connect,
+    /// An HTTP/1 protocol upgrade (`upgrade: websocket`, ...).
+    Upgrade,
+}
 
 /// A request's headers as one read gave them (the proxy-wasm header-map encoding), looked
 /// up by name without further host calls. Names and values borrow the buffer read (a
@@ -152,6 +165,20 @@ impl<'a> HeaderMap<'a> {
             .iter()
             .find_map(|n| self.get(n))
             .filter(|v| !v.is_empty())
+    }
+
+    /// Whether the request is a tunnel ([`Tunnel`]): its stream has no end to wait for.
+    pub fn tunnel(&self) -> Option<Tunnel> {
+        if self
+            .get(":method")
+            .is_some_and(|m| m.eq_ignore_ascii_case("CONNECT"))
+        {
+            Some(Tunnel::Connect)
+        } else if self.get("upgrade").is_some_and(|u| !u.is_empty()) {
+            Some(Tunnel::Upgrade)
+        } else {
+            None
+        }
     }
 
     /// Whether the map holds no header at all (a request always has pseudo-headers, so
@@ -281,11 +308,12 @@ mod tests {
             ("content-type", "application/json"),
             ("x-gateway-destination-endpoint", "10.0.0.2:80"),
             ("x-request-id", "r"),
+            ("x-envoy-original-dst-host", "127.0.0.1:9901"),
         ]);
         let owned: Vec<&str> = h.gateway_owned().collect();
         assert_eq!(
             owned,
-            vec![DESTINATION, MODEL_REWRITE[1]],
+            vec![DESTINATION, MODEL_REWRITE[1], ORIGINAL_DST_HOST],
             "each once, in order"
         );
         assert_eq!(map(&[(":path", "/")]).gateway_owned().count(), 0);
@@ -312,5 +340,15 @@ mod tests {
         );
         assert_eq!(HeaderMap::decode(&[]).get("a"), None);
         assert_eq!(HeaderMap::decode(&[255, 255, 255, 255]).get("a"), None);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn connect_and_upgrades_are_tunnels() {
+        let connect = map(&[(":method", "CONNECT"), (":authority", "127.0.0.1:9901")]);
+        assert_eq!(connect.tunnel(), Some(Tunnel::Connect));
+        let ws = map(&[(":method", "GET"), ("upgrade", "websocket")]);
+        assert_eq!(ws.tunnel(), Some(Tunnel::Upgrade));
+        let post = map(&[(":method", "POST"), (":path", "/v1/completions")]);
+        assert_eq!(post.tunnel(), None);
     }
 }

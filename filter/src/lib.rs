@@ -12,6 +12,7 @@
 //! * the **proxy** layer (`proxy/`, built only for `wasm32-wasip1`): maps Envoy's
 //!   callbacks onto the core and owns every host call. It holds no policy.
 
+pub mod bound;
 pub mod classify;
 pub mod config;
 pub mod datalayer;

@@ -5,7 +5,8 @@
 //! then a matching `pool.modelRewrites` rule (exact model first, then a rule without a
 //! model) may replace it with one of its weighted targets. The response carries the
 //! served model's name; it is turned back into the client's, chunk by chunk, as the
-//! reference's `rewriteModelName` does.
+//! reference's `rewriteModelName` does. Both names are written there as JSON strings
+//! ([`json_string`]): a name with `"` or `\` gives back exactly what the client sent.
 
 use crate::config::Pool;
 
@@ -25,6 +26,26 @@ pub fn target<'a>(
     }
 }
 
+/// `name` as a JSON string literal, quotes included (`"`, `\` and control characters
+/// escaped, as `serde_json` writes them; other characters as they are): how a model name
+/// is written into a JSON response, e.g. the client's name put back in place of the
+/// model the request was sent as. Every API that restores a model name in a response
+/// writes it with this function.
+pub fn json_string(name: &str) -> String {
+    serde_json::Value::from(name).to_string()
+}
+
+/// The model names the configuration names (the rules' incoming models and targets):
+/// known to be served from the start, for the metrics' label places.
+pub fn configured_models(pool: &Pool) -> Vec<&str> {
+    let mut names = Vec::new();
+    for rule in &pool.model_rewrites {
+        names.extend(rule.model_name.as_deref());
+        names.extend(rule.targets.iter().map(|t| t.model_name.as_str()));
+    }
+    names
+}
+
 /// `body` (a JSON object) with its `model` field set to `target`; `None` if it is not a
 /// JSON object.
 pub fn rewrite_body(body: &[u8], target: &str) -> Option<Vec<u8>> {
@@ -39,7 +60,8 @@ pub fn rewrite_body(body: &[u8], target: &str) -> Option<Vec<u8>> {
 /// Puts the client's model name back into a response, chunk by chunk: `"model":"<sent>"`
 /// (with or without a space after the colon) becomes `"model":"<client>"`, also when a
 /// chunk boundary falls inside it (the unfinished tail is held back and joined to the next
-/// chunk; the last chunk releases it).
+/// chunk; the last chunk releases it). Both names are matched and written as JSON strings
+/// ([`json_string`]).
 #[derive(Debug, Clone)]
 pub struct Restorer {
     patterns: [(Vec<u8>, Vec<u8>); 2],
@@ -49,10 +71,11 @@ pub struct Restorer {
 impl Restorer {
     /// Restores `client` where the server says `sent`.
     pub fn new(sent: &str, client: &str) -> Self {
+        let (sent, client) = (json_string(sent), json_string(client));
         let pair = |sep: &str| {
             (
-                format!("\"model\"{sep}\"{sent}\"").into_bytes(),
-                format!("\"model\"{sep}\"{client}\"").into_bytes(),
+                format!("\"model\"{sep}{sent}").into_bytes(),
+                format!("\"model\"{sep}{client}").into_bytes(),
             )
         };
         Self {
@@ -188,5 +211,36 @@ data: {"model": "llama-v2","model":"llama-v2x"}
                 );
             }
         }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_name_that_needs_escaping_comes_back_as_the_client_wrote_it() {
+        let client = "x\",\"choices\":[],\"injected\":\"";
+        let sent = "llama-v2";
+        let body = br#"{"id":"1","model":"llama-v2","choices":[{"text":"hi"}]}"#;
+        let out = Restorer::new(sent, client).chunk(body, true).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
+        assert_eq!(v["model"], client, "the client's name, not new fields");
+        assert!(v.get("injected").is_none());
+        assert_eq!(v["choices"][0]["text"], "hi");
+        for name in ["back\\slash", "new\nline", "quote\"", "ctl\u{1}", "é"] {
+            let out = Restorer::new(sent, name).chunk(body, true).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
+            assert_eq!(v["model"], name);
+        }
+        // A target that needs escaping is found as the server writes it.
+        let served = br#"{"model":"a\"b"}"#;
+        let out = Restorer::new("a\"b", "m").chunk(served, true).unwrap();
+        assert_eq!(out, br#"{"model":"m"}"#.to_vec());
+        assert_eq!(json_string("a\"b\\"), r#""a\"b\\""#);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_configuration_names_its_models() {
+        let p = pool();
+        assert_eq!(
+            configured_models(&p),
+            vec!["llama", "llama-v1", "llama-v2", "default-model"]
+        );
     }
 }

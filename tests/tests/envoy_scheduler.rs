@@ -400,7 +400,8 @@ fn model_rewrites_send_the_target_model_and_answer_with_the_clients_name() {
     let servers = VllmSimServer::fast_pool(1);
     let envoy = Envoy::start(
         &json!({"pool": {"modelRewrites": [{"name": "alias", "modelName": "friendly-name",
-            "targets": [{"modelName": MODEL, "weight": 1}]}]}}),
+            "targets": [{"modelName": MODEL, "weight": 1}]}],
+            "trustHeaders": {"modelRewrite": true}}}),
         &VllmSimServer::addresses(&servers),
         2,
     );
@@ -408,7 +409,8 @@ fn model_rewrites_send_the_target_model_and_answer_with_the_clients_name() {
     let r = http::post_json(&envoy.listen, "/v1/completions", &body).unwrap();
     assert_eq!(r.status, 200, "the server knows only {MODEL}: {}", r.text());
     assert_eq!(r.json()["model"], "friendly-name", "{}", r.text());
-    // The rewrite header works too; without any rewrite the server refuses the name.
+    // The rewrite header works too where it is trusted; without any rewrite the server
+    // refuses the name.
     let other = json!({"model": "unknown-name", "prompt": "hi", "max_tokens": 2}).to_string();
     let r = http::request(
         &envoy.listen,

@@ -262,3 +262,324 @@ fn from_filter_state_the_object_an_earlier_filter_set_decides() {
         flows(&[("default-flow", "0", 1), ("default-flow", "100", 1)])
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Hostile clients: client-chosen strings bounded before they become stats, headers that
+// steer the gateway obeyed only where trusted (`pool.trustHeaders`), tunnels never held,
+// the restored model name JSON-encoded.
+// ---------------------------------------------------------------------------------------
+
+/// Envoy (2 workers) with the filter configured by `pool`, in front of `server`.
+fn gateway(pool: Value, server: &VllmSimServer) -> Envoy {
+    Envoy::start(&json!({ "pool": pool }), &[&server.address], 2)
+}
+
+/// A completion naming `model`, with `headers`.
+fn complete(envoy: &Envoy, model: &str, stream: bool, headers: &[(&str, &str)]) -> http::Response {
+    let body = json!({"model": model, "prompt": "hello", "max_tokens": 2, "stream": stream});
+    let mut h = vec![("content-type", "application/json")];
+    h.extend_from_slice(headers);
+    http::request(
+        &envoy.listen,
+        "POST",
+        "/v1/completions",
+        &h,
+        body.to_string().as_bytes(),
+    )
+    .expect("request")
+}
+
+/// Envoy's `/stats` text.
+fn stats_text(envoy: &Envoy) -> String {
+    http::get(&envoy.admin, "/stats")
+        .expect("admin /stats")
+        .text()
+}
+
+#[test]
+fn a_new_model_name_of_256_kib_does_not_stall_the_other_requests() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let server = VllmSimServer::start(&["--model", MODEL]);
+    let envoy = gateway(json!({}), &server);
+    assert_eq!(complete(&envoy, MODEL, false, &[]).status, 200);
+    // Hostile: 4 requests, each naming a new model of 256 KiB (every server answers 404).
+    let done = Arc::new(AtomicBool::new(false));
+    let hostile = {
+        let (listen, done) = (envoy.listen.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut statuses = Vec::new();
+            for i in 0..4 {
+                let model = format!("{i}{}", "m".repeat(256 << 10));
+                let body = json!({"model": model, "prompt": "x", "max_tokens": 1}).to_string();
+                let r = http::post_json(&listen, "/v1/completions", &body).expect("hostile");
+                statuses.push(r.status);
+            }
+            done.store(true, Ordering::SeqCst);
+            statuses
+        })
+    };
+    // Well-formed requests all the while: each is answered within a generous 1 s (before
+    // the fix one such name held every worker for about 6 s).
+    let mut latencies = Vec::new();
+    while !done.load(Ordering::SeqCst) || latencies.len() < 5 {
+        let t = Instant::now();
+        let r = complete(&envoy, MODEL, false, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        latencies.push(t.elapsed());
+    }
+    let statuses = hostile.join().unwrap();
+    assert_eq!(
+        statuses,
+        vec![404; 4],
+        "the hostile requests reach the server and get its 404"
+    );
+    let worst = latencies.iter().max().unwrap();
+    assert!(
+        *worst < Duration::from_secs(1),
+        "a well-formed request waited {worst:?} while a hostile one was in flight ({latencies:?})"
+    );
+}
+
+#[test]
+fn a_model_name_cannot_forge_lines_in_envoys_stats() {
+    let server = VllmSimServer::start(&["--model", MODEL]);
+    let envoy = gateway(json!({}), &server);
+    let forged = [
+        "m\nwasm.epp.vm_reload: 999\nx",
+        "m\0\nforged_family{a=\"b\"} 1\nforged_family 2\n",
+        "m\r\nwasm.epp.vm_reload: 998\r\n",
+    ];
+    for model in forged {
+        assert_eq!(complete(&envoy, model, false, &[]).status, 404);
+    }
+    let stats = stats_text(&envoy);
+    for line in stats.lines() {
+        assert!(
+            !line.starts_with("wasm.epp.vm_reload: 99") && !line.starts_with("forged_family"),
+            "a forged line in /stats: {line:?}"
+        );
+    }
+    let prom = envoy.prometheus();
+    for line in prom.lines() {
+        assert!(
+            !line.starts_with("forged_family") && !line.starts_with("wasm"),
+            "a forged line in /stats/prometheus: {line:?}"
+        );
+    }
+    // The names are kept, with the control characters replaced.
+    assert!(
+        prom.contains("model_name=\"m_wasm.epp.vm_reload: 999_x\""),
+        "{}",
+        prom.lines()
+            .filter(|l| l.contains("model_name"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn a_clients_model_rewrite_header_is_ignored_unless_trusted() {
+    let server = VllmSimServer::start(&["--model", MODEL]);
+    let rewrite = [("x-gateway-model-name-rewrite", MODEL)];
+    let twin = [("x-llm-d-model-name-rewrite", MODEL)];
+    // Default: the body's model is what the server is asked for (and it serves no such model).
+    let envoy = gateway(json!({}), &server);
+    for h in [&rewrite, &twin] {
+        let r = complete(&envoy, "forbidden-model", false, h);
+        assert_eq!(
+            r.status,
+            404,
+            "the client chose the model served: {}",
+            r.text()
+        );
+    }
+    drop(envoy);
+    // Trusted (an earlier filter or the route sets it): obeyed, and the client's name
+    // comes back in the response.
+    let envoy = gateway(json!({"trustHeaders": {"modelRewrite": true}}), &server);
+    for h in [&rewrite, &twin] {
+        let r = complete(&envoy, "forbidden-model", false, h);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["model"], "forbidden-model");
+    }
+}
+
+#[test]
+fn the_subset_hint_is_obeyed_unless_turned_off() {
+    let server = VllmSimServer::start(&["--model", MODEL]);
+    let elsewhere = [("x-gateway-destination-endpoint-subset", "10.255.255.1:9")];
+    let envoy = gateway(json!({}), &server);
+    let r = complete(&envoy, MODEL, false, &elsewhere);
+    assert_eq!(r.status, 503, "no pool member in the hint: {}", r.text());
+    drop(envoy);
+    let envoy = gateway(json!({"trustHeaders": {"subset": false}}), &server);
+    let r = complete(&envoy, MODEL, false, &elsewhere);
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn a_bad_trust_switch_is_refused_at_load_naming_the_field() {
+    let server = VllmSimServer::start(&["--model", MODEL]);
+    let dir = scratch_dir("trust");
+    let path = dir.join("filter.json");
+    std::fs::write(
+        &path,
+        json!({"pool": {"trustHeaders": {"modelRewrite": "yes"}}}).to_string(),
+    )
+    .unwrap();
+    let err = match Envoy::launch(&path, &[&server.address], 1, &[]) {
+        Ok(_) => panic!("Envoy started with an invalid trust switch"),
+        Err(e) => e,
+    };
+    assert!(
+        err.contains("pool.trustHeaders.modelRewrite") && err.contains("must be true or false"),
+        "{err}"
+    );
+}
+
+#[test]
+fn connect_is_answered_at_once() {
+    use std::io::{Read, Write};
+    let server = VllmSimServer::start(&["--model", MODEL]);
+    let envoy = gateway(json!({}), &server);
+    // CONNECT to the admin port through the listener: answered (Envoy's 404: no route
+    // takes CONNECT), not held waiting for a body.
+    let mut s = std::net::TcpStream::connect(&envoy.listen).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let head = format!("CONNECT {0} HTTP/1.1\r\nhost: {0}\r\n\r\n", envoy.admin);
+    s.write_all(head.as_bytes()).unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 256];
+    let n = s.read(&mut buf).unwrap_or(0);
+    let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(
+        answer.starts_with("HTTP/1.1 404"),
+        "CONNECT got {answer:?} after {:?}",
+        t.elapsed()
+    );
+    // The gateway still serves.
+    assert_eq!(complete(&envoy, MODEL, false, &[]).status, 200);
+}
+
+#[test]
+fn a_clients_envoy_routing_header_never_reaches_the_server() {
+    let server = VllmSimServer::start(&["--model", MODEL]);
+    let envoy = gateway(json!({}), &server);
+    let r = complete(
+        &envoy,
+        MODEL,
+        false,
+        &[("x-envoy-original-dst-host", envoy.admin.as_str())],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // vllm-sim lists the x- headers it received.
+    let seen = r.header("x-sim-request-headers").unwrap_or_default();
+    assert!(
+        seen.contains("x-gateway-destination-endpoint"),
+        "the header list: {seen}"
+    );
+    assert!(
+        !seen.split(',').any(|h| h == "x-envoy-original-dst-host"),
+        "forwarded: {seen}"
+    );
+}
+
+#[test]
+fn the_restored_model_name_is_json_encoded_streamed_and_not() {
+    let server = VllmSimServer::start(&["--model", MODEL]);
+    let envoy = gateway(
+        json!({"modelRewrites": [{"name": "all", "targets": [{"modelName": MODEL}]}]}),
+        &server,
+    );
+    for model in [
+        "x\",\"choices\":[],\"injected\":\"",
+        "back\\slash",
+        "quote\"d",
+        "new\nline",
+    ] {
+        let r = complete(&envoy, model, false, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["model"], model, "{}", r.text());
+        assert!(v.get("injected").is_none(), "{}", r.text());
+        assert!(
+            v["choices"].as_array().is_some_and(|c| !c.is_empty()),
+            "{v}"
+        );
+        let r = complete(&envoy, model, true, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let mut events = 0;
+        for data in r.text().lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if data == "[DONE]" {
+                continue;
+            }
+            let v: Value = serde_json::from_str(data)
+                .unwrap_or_else(|e| panic!("a chunk is not JSON ({e}): {data}"));
+            assert_eq!(v["model"], model, "{data}");
+            assert!(v.get("injected").is_none(), "{data}");
+            events += 1;
+        }
+        assert!(events >= 2, "{}", r.text());
+    }
+}
+
+#[test]
+fn junk_model_names_do_not_take_the_label_places_of_later_models() {
+    let server = VllmSimServer::start(&["--model", MODEL]);
+    // One worker, so that a flood bounded in time passes its 1,000 places.
+    let envoy = Envoy::start(&json!({}), &[&server.address], 1);
+    // 1,120 names no server serves, from 8 clients at once; every one gets the server's 404.
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let listen = envoy.listen.clone();
+            std::thread::spawn(move || {
+                for i in 0..140 {
+                    let body =
+                        json!({"model": format!("junk-{t}-{i}"), "prompt": "x", "max_tokens": 1});
+                    let r = http::post_json(&listen, "/v1/completions", &body.to_string()).unwrap();
+                    assert_eq!(r.status, 404);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // A model asked for afterwards has its own series (its first request, before any
+    // answer, may count under `other`).
+    const N: u64 = 12;
+    for _ in 0..N {
+        assert_eq!(complete(&envoy, MODEL, false, &[]).status, 200);
+    }
+    // (Envoy lists the tags in the order its `stats_tags` rules extract them.)
+    let series = format!(
+        "inference_objective_request_total{{target_model_name=\"{MODEL}\",model_name=\"{MODEL}\"}} "
+    );
+    let count = |prom: &str| -> u64 {
+        prom.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let mut prom = String::new();
+    tests::eventually(5, || {
+        prom = envoy.prometheus();
+        count(&prom) >= N - 1
+    });
+    assert!(
+        count(&prom) >= N - 1,
+        "{MODEL} is not counted under its name: {}",
+        prom.lines()
+            .filter(|l| !l.contains("junk-") && l.contains("model"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // The junk took at most its small budget of Envoy's places (100).
+    let junk: std::collections::BTreeSet<&str> = prom
+        .lines()
+        .filter(|l| l.starts_with("inference_objective_request_total{"))
+        .filter_map(|l| l.split("model_name=\"junk-").nth(1)?.split('"').next())
+        .collect();
+    assert!(junk.len() <= 100, "{} junk names have a stat", junk.len());
+}

@@ -18,12 +18,14 @@ pub mod epp;
 pub mod health;
 pub mod pool;
 pub mod quantity;
+pub mod trust;
 pub mod validate;
 
 pub use classification::{Claim, Classification, Source, DEFAULT_FAIRNESS_ID};
 pub use epp::{PluginSpec, ProfilePlugin, ProfileSpec, SourceSpec};
 pub use health::PassiveHealth;
 pub use pool::{Pool, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_POOL_NAME};
+pub use trust::TrustHeaders;
 pub use validate::{ConfigError, Params};
 
 pub use crate::endpoint::Endpoint;

@@ -6,6 +6,7 @@
 use super::classification::{parse_classification, Classification};
 use super::health::{parse_passive_health, PassiveHealth};
 use super::quantity::parse_duration_ms;
+use super::trust::{parse_trust_headers, TrustHeaders};
 use super::validate::{as_array, as_object, as_str, err, only_fields, ConfigError};
 use crate::endpoint::Endpoint;
 use crate::metrics::recorder::IDLE_MS;
@@ -107,6 +108,8 @@ pub struct Pool {
     pub passive_health: PassiveHealth,
     /// The filter's own metrics endpoint, if configured.
     pub metrics_endpoint: Option<MetricsEndpoint>,
+    /// Which behaviour-changing request headers are obeyed (`trustHeaders`).
+    pub trust_headers: TrustHeaders,
 }
 
 impl Default for Pool {
@@ -122,6 +125,7 @@ impl Default for Pool {
             classification: Classification::default(),
             passive_health: PassiveHealth::default(),
             metrics_endpoint: None,
+            trust_headers: TrustHeaders::default(),
         }
     }
 }
@@ -137,6 +141,7 @@ const POOL_FIELDS: &[&str] = &[
     "classification",
     "passiveHealth",
     "metricsEndpoint",
+    "trustHeaders",
 ];
 
 /// Parses and validates the `pool` section.
@@ -207,6 +212,9 @@ pub fn parse_pool(v: &Value) -> Result<Pool, ConfigError> {
     }
     if let Some(c) = obj.get("classification") {
         pool.classification = parse_classification(c, &pool.objectives)?;
+    }
+    if let Some(t) = obj.get("trustHeaders") {
+        pool.trust_headers = parse_trust_headers(t)?;
     }
     if let Some(h) = obj.get("passiveHealth") {
         pool.passive_health = parse_passive_health(h)?;

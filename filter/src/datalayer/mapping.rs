@@ -261,11 +261,20 @@ fn count(v: f64) -> u64 {
     }
 }
 
+/// LoRA adapter names kept per list of a scrape, and their longest length in bytes: the
+/// lists go into the snapshot record every worker reads, so a server cannot make it large.
+/// (vLLM's `max_loras` is a handful; a longer name is left out, not cut, as a cut name
+/// would match no request.)
+pub const MAX_LORA_NAMES: usize = 64;
+/// See [`MAX_LORA_NAMES`].
+pub const MAX_LORA_NAME_BYTES: usize = 256;
+
 fn csv(s: Option<&str>) -> Vec<String> {
     s.unwrap_or("")
         .split(',')
         .map(str::trim)
-        .filter(|x| !x.is_empty())
+        .filter(|x| !x.is_empty() && x.len() <= MAX_LORA_NAME_BYTES)
+        .take(MAX_LORA_NAMES)
         .map(str::to_string)
         .collect()
 }
@@ -469,6 +478,22 @@ mod tests {
         let legacy = "vllm:gpu_cache_usage_perc 0.25\n";
         let m = extract(&engine("vllm"), &parse(legacy).samples, 0).unwrap();
         assert_eq!(m.kv_usage, 0.25);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_servers_lora_lists_are_bounded() {
+        let names: Vec<String> = (0..200).map(|i| format!("lora-{i}")).collect();
+        let text = format!(
+            "vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"{},{}\",waiting_lora_adapters=\"\"}} 1\n",
+            "x".repeat(MAX_LORA_NAME_BYTES + 1),
+            names.join(",")
+        );
+        let m = extract(&engine("vllm"), &parse(&text).samples, 0).unwrap();
+        assert_eq!(m.active_models.len(), MAX_LORA_NAMES);
+        assert_eq!(
+            m.active_models[0], "lora-0",
+            "an oversized name is left out"
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]

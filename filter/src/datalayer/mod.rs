@@ -82,12 +82,21 @@ pub fn host_of(address: &str) -> &str {
     host.trim_start_matches('[').trim_end_matches(']')
 }
 
-/// Parses the subset hint header value (a comma list of `ip:port` or `ip`).
+/// Entries of a subset hint kept: the first this many (each candidate is matched against
+/// every entry, so a pick's work stays bounded whatever the header's size).
+pub const MAX_SUBSET_ENTRIES: usize = 256;
+/// Longest subset entry kept, in bytes (a bracketed IPv6 address with a port is at most
+/// 47): a longer one matches no endpoint and is left out.
+pub const MAX_SUBSET_ENTRY_BYTES: usize = 64;
+
+/// Parses the subset hint header value (a comma list of `ip:port` or `ip`): at most
+/// [`MAX_SUBSET_ENTRIES`] entries of at most [`MAX_SUBSET_ENTRY_BYTES`].
 pub fn parse_subset(value: &str) -> Vec<String> {
     value
         .split(',')
         .map(str::trim)
-        .filter(|s| !s.is_empty())
+        .filter(|s| !s.is_empty() && s.len() <= MAX_SUBSET_ENTRY_BYTES)
+        .take(MAX_SUBSET_ENTRIES)
         .map(str::to_string)
         .collect()
 }
@@ -372,5 +381,17 @@ mod tests {
             None,
         );
         assert_eq!(c.len(), 2);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_subset_hint_is_bounded() {
+        let long = format!("{},10.0.0.1:8000", "9".repeat(MAX_SUBSET_ENTRY_BYTES + 1));
+        assert_eq!(parse_subset(&long), vec!["10.0.0.1:8000"]);
+        let many: Vec<String> = (0..10_000)
+            .map(|i| format!("10.0.{}.{}", i / 256, i % 256))
+            .collect();
+        let parsed = parse_subset(&many.join(","));
+        assert_eq!(parsed.len(), MAX_SUBSET_ENTRIES);
+        assert_eq!(parsed[0], "10.0.0.0");
     }
 }

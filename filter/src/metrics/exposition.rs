@@ -470,6 +470,7 @@ mod tests {
                 move |r: &mut Recorder| {
                     for i in 0..LABEL_CAP {
                         let name = format!("{prefix}-{i}");
+                        r.serve(&name);
                         let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &[&name, ""]);
                         r.add(&OBJECTIVE_REQUEST_TOTAL, l, 1);
                     }

@@ -10,7 +10,10 @@
 //! and go with the clients: one that nobody has updated for [`IDLE_MS`] leaves the
 //! exposition, and a VM drops its copy once it is idle on every VM ([`Recorder::expire`]),
 //! which frees its place under [`LABEL_CAP`]. Envoy's own stats are never freed, so the
-//! values Envoy gets are capped for the VM's lifetime instead ([`Recorder::envoy_labels`]).
+//! values Envoy gets are capped for the VM's lifetime instead ([`Recorder::envoy_labels`]),
+//! and a model name no server has been seen serving ([`Recorder::serve`]) gets one of
+//! them only within a small budget of its own ([`ENVOY_UNSERVED_LABEL_CAP`]): requests
+//! naming models that do not exist cannot use up the places of models deployed later.
 
 use super::{Kind, Metric};
 use prost::Message;
@@ -34,6 +37,19 @@ pub const OTHER: &str = "other";
 /// more memory than a counter (its buckets, per worker), so a flood of tenants or model
 /// names would grow Envoy without this; the filter's own endpoint keeps [`LABEL_CAP`].
 pub const ENVOY_HISTOGRAM_LABEL_CAP: usize = 32;
+/// Of [`LABEL_CAP`], the model names a VM gives Envoy's counters and gauges in its
+/// lifetime that no server has answered since ([`Recorder::serve`]); beyond it a name not
+/// served is [`OTHER`] in Envoy's stats (until it is served), so junk names (answered 404
+/// by every server) can take at most this many of Envoy's places for good.
+pub const ENVOY_UNSERVED_LABEL_CAP: usize = 100;
+/// The same as [`ENVOY_UNSERVED_LABEL_CAP`] for Envoy's histograms (of
+/// [`ENVOY_HISTOGRAM_LABEL_CAP`]).
+pub const ENVOY_UNSERVED_HISTOGRAM_LABEL_CAP: usize = 4;
+/// Of [`LABEL_CAP`], the places a VM keeps at a time for model names a server has served
+/// ([`Recorder::serve`]): names no server served hold at most the rest.
+pub const SERVED_RESERVE: usize = 100;
+/// Served model names a VM remembers ([`Recorder::serve`]).
+pub const SERVED_CAP: usize = LABEL_CAP;
 
 /// The label families whose values come from clients, by label name: `model_name` and
 /// `target_model_name` (0), `fairness_id` (1).
@@ -88,6 +104,13 @@ pub struct Recorder {
     /// Client-chosen values given to Envoy's stats in this VM's lifetime: counters and
     /// gauges, histograms; per family.
     envoy_seen: [[BTreeSet<String>; 2]; 2],
+    /// Of `envoy_seen`'s model names, how many were given before they were served:
+    /// counters and gauges, histograms.
+    envoy_unserved: [usize; 2],
+    /// Model names a server answered successfully, or that the configuration names.
+    served: HashSet<String>,
+    /// Of `seen`'s model names, how many are not served.
+    seen_unserved: usize,
 }
 
 #[derive(Debug)]
@@ -120,20 +143,26 @@ impl Recorder {
     /// The label values to record under: a client-chosen value beyond the cap of its
     /// family becomes [`OTHER`]. Missing values are empty.
     pub fn labels(&mut self, metric: &Metric, values: &[&str]) -> Vec<String> {
+        let served = &self.served;
+        let unserved = &mut self.seen_unserved;
         metric
             .labels
             .iter()
             .enumerate()
             .map(|(i, label)| {
                 let value = values.get(i).copied().unwrap_or("");
-                match family(label).and_then(|f| self.seen.get_mut(f)) {
+                let f = family(label);
+                match f.and_then(|f| self.seen.get_mut(f)) {
                     Some(seen) if !value.is_empty() && !seen.contains(value) => {
-                        if seen.len() < LABEL_CAP {
-                            seen.insert(value.to_string());
-                            value.to_string()
-                        } else {
-                            OTHER.to_string()
+                        let model = f == Some(0) && !served.contains(value);
+                        if seen.len() >= LABEL_CAP
+                            || (model && *unserved >= LABEL_CAP - SERVED_RESERVE)
+                        {
+                            return OTHER.to_string();
                         }
+                        *unserved += usize::from(model);
+                        seen.insert(value.to_string());
+                        value.to_string()
                     }
                     _ => value.to_string(),
                 }
@@ -145,31 +174,78 @@ impl Recorder {
     /// client-chosen values beyond a lifetime cap per family become [`OTHER`]
     /// ([`ENVOY_HISTOGRAM_LABEL_CAP`] for histograms, [`LABEL_CAP`] for the others), since
     /// Envoy keeps every stat it was given until it exits.
+    ///
+    /// A model name (family 0) that is not [served](Recorder::serve) takes a new place only
+    /// within [`ENVOY_UNSERVED_LABEL_CAP`] ([`ENVOY_UNSERVED_HISTOGRAM_LABEL_CAP`]) such
+    /// names in the VM's lifetime.
     pub fn envoy_labels(&mut self, metric: &Metric, labels: &[String]) -> Vec<String> {
-        let (kind, cap) = match metric.kind {
-            Kind::Histogram => (1, ENVOY_HISTOGRAM_LABEL_CAP),
-            _ => (0, LABEL_CAP),
+        let (kind, cap, unserved_cap) = match metric.kind {
+            Kind::Histogram => (
+                1,
+                ENVOY_HISTOGRAM_LABEL_CAP,
+                ENVOY_UNSERVED_HISTOGRAM_LABEL_CAP,
+            ),
+            _ => (0, LABEL_CAP, ENVOY_UNSERVED_LABEL_CAP),
         };
+        let served = &self.served;
+        let mut unserved = self.envoy_unserved.get_mut(kind);
         metric
             .labels
             .iter()
             .zip(labels)
             .map(|(label, value)| {
-                let Some(seen) = family(label)
-                    .and_then(|f| self.envoy_seen.get_mut(kind).and_then(|k| k.get_mut(f)))
+                let f = family(label);
+                let Some(seen) =
+                    f.and_then(|f| self.envoy_seen.get_mut(kind).and_then(|k| k.get_mut(f)))
                 else {
                     return value.clone();
                 };
                 if value.is_empty() || value == OTHER || seen.contains(value.as_str()) {
-                    value.clone()
-                } else if seen.len() < cap {
-                    seen.insert(value.clone());
-                    value.clone()
-                } else {
-                    OTHER.to_string()
+                    return value.clone();
                 }
+                if seen.len() >= cap {
+                    return OTHER.to_string();
+                }
+                if f == Some(0) && !served.contains(value.as_str()) {
+                    match unserved.as_deref_mut() {
+                        Some(n) if *n < unserved_cap => *n += 1,
+                        _ => return OTHER.to_string(),
+                    }
+                }
+                seen.insert(value.clone());
+                value.clone()
             })
             .collect()
+    }
+
+    /// Remembers that a server served the model `name` (a label value, already bounded),
+    /// or that the configuration names it: from now on Envoy's stats may give it a place
+    /// of its own ([`Recorder::envoy_labels`]). `true` if it was not known before (label
+    /// values resolved earlier should then be resolved again). At most [`SERVED_CAP`]
+    /// names are remembered.
+    pub fn serve(&mut self, name: &str) -> bool {
+        if name.is_empty() || name == OTHER || self.served.contains(name) {
+            return false;
+        }
+        if self.served.len() >= SERVED_CAP {
+            return false;
+        }
+        // A name that took a place while unserved no longer counts against their budgets.
+        if self.seen.first().is_some_and(|s| s.contains(name)) {
+            self.seen_unserved = self.seen_unserved.saturating_sub(1);
+        }
+        for (kind, n) in self.envoy_unserved.iter_mut().enumerate() {
+            let held = self.envoy_seen.get(kind).and_then(|k| k.first());
+            if held.is_some_and(|s| s.contains(name)) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        self.served.insert(name.to_string())
+    }
+
+    /// Whether `name` is known to be served ([`Recorder::serve`]).
+    pub fn served(&self, name: &str) -> bool {
+        self.served.contains(name)
     }
 
     /// The series of `metric` with these (capped) label values, created empty if new.
@@ -366,6 +442,9 @@ impl Recorder {
                 }
             }
         }
+        self.seen_unserved = self.seen.first().map_or(0, |s| {
+            s.iter().filter(|v| !self.served.contains(*v)).count()
+        });
         before - self.series.len()
     }
 }
@@ -531,7 +610,9 @@ mod tests {
 
     const GONE: i64 = IDLE_MS + EXPIRY_GRACE_MS + 1;
 
+    /// Counts a request of the served model `tenant`.
     fn count(r: &mut Recorder, tenant: &str) {
+        r.serve(tenant);
         let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &[tenant, ""]);
         r.add(&OBJECTIVE_REQUEST_TOTAL, l, 1);
     }
@@ -609,6 +690,7 @@ mod tests {
         let mut r = Recorder::default();
         for i in 0..LABEL_CAP {
             count(&mut r, &format!("tenant-{i}"));
+            r.serve(&format!("tenant-{i}"));
             let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &[&format!("tenant-{i}"), ""]);
             assert_eq!(r.envoy_labels(&OBJECTIVE_REQUEST_TOTAL, &l), l);
         }
@@ -621,5 +703,79 @@ mod tests {
         // One Envoy already has keeps its own stat.
         let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &["tenant-3", ""]);
         assert_eq!(r.envoy_labels(&OBJECTIVE_REQUEST_TOTAL, &l)[0], "tenant-3");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn model_names_no_server_served_take_few_of_envoys_places() {
+        let mut r = Recorder::default();
+        let envoy = |r: &mut Recorder, model: &str| {
+            let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &[model, model]);
+            (l.clone(), r.envoy_labels(&OBJECTIVE_REQUEST_TOTAL, &l))
+        };
+        // 5,000 names no server serves: the first ENVOY_UNSERVED_LABEL_CAP get a stat
+        // (a model's first request comes before its first answer), the rest `other`; the
+        // endpoint keeps SERVED_RESERVE places free of them.
+        let (mut own, mut listed) = (0, 0);
+        for i in 0..5_000 {
+            let (l, e) = envoy(&mut r, &format!("junk-{i}"));
+            assert_eq!(e[0], e[1], "both labels of one request decided alike");
+            own += usize::from(e[0] != OTHER);
+            listed += usize::from(l[0] != OTHER);
+        }
+        assert_eq!(own, ENVOY_UNSERVED_LABEL_CAP);
+        assert_eq!(listed, LABEL_CAP - SERVED_RESERVE);
+        // A model deployed afterwards: `other` until a server answered it, then its own
+        // series in both.
+        assert_eq!(envoy(&mut r, "real").1[0], OTHER);
+        assert!(r.serve("real"));
+        assert!(!r.serve("real"), "once");
+        assert_eq!(envoy(&mut r, "real").1, vec!["real", "real"]);
+        // Served names fill the endpoint's reserve and every place Envoy has left.
+        for i in 0..SERVED_RESERVE - 1 {
+            let name = format!("model-{i}");
+            r.serve(&name);
+            assert_eq!(envoy(&mut r, &name).1[0], name);
+        }
+        // A junk name that got a stat keeps it (Envoy never frees one).
+        assert_eq!(envoy(&mut r, "junk-3").1[0], "junk-3");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_name_served_after_it_took_a_place_no_longer_counts_as_junk() {
+        let mut r = Recorder::default();
+        let envoy = |r: &mut Recorder, model: &str| {
+            let l = r.labels(&OBJECTIVE_REQUEST_TOTAL, &[model, ""]);
+            r.envoy_labels(&OBJECTIVE_REQUEST_TOTAL, &l)[0].clone()
+        };
+        // New models, each answered after its first request: none uses up the budget.
+        for i in 0..3 * ENVOY_UNSERVED_LABEL_CAP {
+            let name = format!("model-{i}");
+            assert_eq!(envoy(&mut r, &name), name);
+            r.serve(&name);
+        }
+        // Envoy's lifetime cap holds for served names too.
+        let mut r = Recorder::default();
+        for i in 0..LABEL_CAP {
+            let name = format!("m-{i}");
+            r.serve(&name);
+            assert_eq!(envoy(&mut r, &name), name);
+            count(&mut r, &name);
+        }
+        r.record(0);
+        r.expire(GONE, IDLE_MS, &[]);
+        r.serve("late");
+        assert_eq!(envoy(&mut r, "late"), OTHER);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn served_names_are_bounded_and_never_other() {
+        let mut r = Recorder::default();
+        assert!(!r.serve(""));
+        assert!(!r.serve(OTHER));
+        for i in 0..SERVED_CAP + 10 {
+            r.serve(&format!("m-{i}"));
+        }
+        assert!(r.served("m-0"));
+        assert!(!r.served(&format!("m-{}", SERVED_CAP + 5)));
     }
 }

@@ -1,8 +1,9 @@
 //! One request's path through the filter.
 //!
 //! Headers: classify the flow (fairness id, objective → priority, SLO), read the subset
-//! hint, the model-rewrite header and the session token, strip the headers only the
-//! gateway may set, pause for the body. Body: buffer to the end, enforce the size limit
+//! hint, the model-rewrite header and the session token (each as far as
+//! `pool.trustHeaders` obeys it), strip the headers only the gateway may set, pause for
+//! the body (a request that has none, or is a tunnel, goes at once). Body: buffer to the end, enforce the size limit
 //! (413), parse (400), apply the model rewrite, pass flow control (go, park or 429),
 //! route (`route.rs`: the scheduler). Response: name the endpoint that served (and the
 //! session token), put the client's model name back. End of stream, however it ends:
@@ -13,14 +14,12 @@ use super::flow::{self, Admit, RequestMeta};
 use super::route::RouteInput;
 use super::vm::{self, Running};
 use super::{feedback, host, host::Map, latency, route, stats};
-use crate::classify::classify;
+use crate::bound;
+use crate::classify::{classify, steering};
 use crate::datalayer::parse_subset;
 use crate::errors::ApiError;
 use crate::flow_control::ordering::slo_deadline;
-use crate::headers::{
-    HeaderMap, GATEWAY_OWNED, MODEL_REWRITE, PREDICTION_BASED, PREDICTION_BASED_OFF, REQUEST_ID,
-    SERVED, SESSION_TOKEN, SLO_TPOT, SLO_TTFT, SUBSET,
-};
+use crate::headers::{HeaderMap, Tunnel, GATEWAY_OWNED, REQUEST_ID, SERVED, SESSION_TOKEN};
 use crate::health::Outcome;
 use crate::latency::Slo;
 use crate::metrics;
@@ -48,6 +47,10 @@ pub struct Http {
     session: Option<String>,
     /// A model rewrite to undo in the response.
     rewritten: Option<model_rewrite::Restorer>,
+    /// Whether a successful answer shows the client's model name is served (no
+    /// `pool.modelRewrites` rule chose the target: the client named it, or the trusted
+    /// rewrite header did).
+    client_model_served: bool,
     response_bytes: u64,
 }
 
@@ -68,19 +71,21 @@ impl Http {
             rewrite_header: None,
             session: None,
             rewritten: None,
+            client_model_served: true,
             response_bytes: 0,
         }
     }
 
     /// The model to send ([`model_rewrite::target`]).
-    fn target_model(&self, model: &str) -> String {
+    fn target_model(&mut self, model: &str) -> String {
         let draw = Rng::new(u64::from(self.id) ^ vm::id()).next_f64();
         let (target, rule) =
             model_rewrite::target(model, self.rewrite_header.as_deref(), &self.rt.pool, draw);
+        self.client_model_served = rule.is_none();
         if let Some(rule) = rule {
             stats::add(
                 &metrics::MODEL_REWRITE_DECISIONS,
-                &[rule, model, &target],
+                &[rule, &bound::text(model), &bound::text(&target)],
                 1,
             );
         }
@@ -88,18 +93,20 @@ impl Http {
     }
 
     /// What routing needs, moved out of the request's headers (read once, routed once)
-    /// and its parsed body (`model` is taken: read it from the input after this).
+    /// and its parsed body. The model names are bounded here, once per request, for the
+    /// metrics ([`bound::text`]); the exact target stays for the scheduler.
     fn route_input(
         &mut self,
-        request: Option<&mut InferenceRequest<'_>>,
+        request: Option<&InferenceRequest<'_>>,
         target: String,
         body_bytes: usize,
     ) -> RouteInput {
-        let streaming = request.as_ref().is_some_and(|r| r.stream);
-        let api = request.as_ref().map(|r| r.api);
+        let streaming = request.is_some_and(|r| r.stream);
+        let api = request.map(|r| r.api);
         RouteInput {
-            model: request.map_or(String::new(), |r| std::mem::take(&mut r.model)),
-            target,
+            model: request.map_or(String::new(), |r| bound::owned(&r.model)),
+            target: bound::owned(&target),
+            send_as: target,
             fairness_id: std::mem::take(&mut self.fairness_id),
             priority: self.rt.pool.priority_of(self.objective.as_deref()),
             api,
@@ -268,20 +275,19 @@ impl HttpContext for Http {
         }
         self.fairness_id = classified.fairness_id;
         self.objective = classified.objective;
-        let ttft = headers.first(&SLO_TTFT);
-        self.slo_ttft_ms = slo_deadline::parse_header(ttft);
+        // The other headers that steer the request, where `pool.trustHeaders` obeys them.
+        let steer = steering(&self.rt.pool.trust_headers, &headers);
+        self.slo_ttft_ms = slo_deadline::parse_header(steer.slo_ttft);
         self.slo = Slo {
-            ttft_ms: Slo::parse(ttft),
-            tpot_ms: Slo::parse(headers.first(&SLO_TPOT)),
+            ttft_ms: Slo::parse(steer.slo_ttft),
+            tpot_ms: Slo::parse(steer.slo_tpot),
         };
-        self.prediction_based = slo_aware::parse_headers(
-            headers.get(PREDICTION_BASED),
-            headers.get(PREDICTION_BASED_OFF),
-        );
-        self.subset = headers.get(SUBSET).map(parse_subset);
-        self.rewrite_header = headers.first(&MODEL_REWRITE).map(str::to_string);
+        self.prediction_based =
+            slo_aware::parse_headers(steer.prediction_based, steer.prediction_based_off);
+        self.subset = steer.subset.map(parse_subset);
+        self.rewrite_header = steer.model_rewrite.map(str::to_string);
         if self.rt.sessions {
-            self.session = headers.first(&[SESSION_TOKEN]).map(str::to_string);
+            self.session = steer.session_token.map(str::to_string);
         }
         if !headers.is_empty() && headers.get(REQUEST_ID).is_none() {
             // Envoy generates one for edge requests; behind another proxy it may not.
@@ -302,6 +308,16 @@ impl HttpContext for Http {
             if let Err(status) = host::remove_header(Map::RequestHeaders, name) {
                 log::warn!("cannot strip {name}: status {status}");
             }
+        }
+        match headers.tunnel() {
+            // Nothing to pick for: Envoy's routes answer it (404 unless one matches CONNECT).
+            Some(Tunnel::Connect) => return Action::Continue,
+            // A protocol upgrade (WebSocket): its bytes are no request body; routed at once.
+            Some(Tunnel::Upgrade) => {
+                let input = self.route_input(None, String::new(), 0);
+                return self.go(input, None, false, 0, 0);
+            }
+            None => {}
         }
         if end_of_stream {
             // No body (GET /v1/models and the like): any endpoint will do.
@@ -330,7 +346,7 @@ impl HttpContext for Http {
                 return self.reject(&e, "");
             }
         };
-        let mut request = match parse_request(self.api, &body) {
+        let request = match parse_request(self.api, &body) {
             Ok(r) => r,
             Err(e) => return self.reject(&e, ""),
         };
@@ -369,7 +385,7 @@ impl HttpContext for Http {
         }
         let replaced = rewritten_body.is_some();
         let body: &[u8] = rewritten_body.as_deref().unwrap_or(&body);
-        let input = self.route_input(Some(&mut request), target, body.len());
+        let input = self.route_input(Some(&request), target, body.len());
         let meta = RequestMeta {
             fairness_id: &input.fairness_id,
             priority: input.priority,
@@ -412,10 +428,23 @@ impl HttpContext for Http {
         if self.rt.scheduler.latency.is_some() {
             latency::response_headers(self.id);
         }
+        // Model names not yet known to be served: a successful answer makes them so, and
+        // gives them label places of their own in Envoy's stats (a name every server
+        // answers 404 never gets one beyond a small budget: `crate::metrics::recorder`).
+        let unserved = vm::with(|vm| {
+            vm.running.get(&self.id).and_then(|r| {
+                let unknown = |name: &str| !name.is_empty() && !stats::is_served(name);
+                let model =
+                    (self.client_model_served && unknown(&r.model)).then(|| r.model.clone());
+                let target = unknown(&r.target).then(|| r.target.clone());
+                (model.is_some() || target.is_some()).then_some((model, target))
+            })
+        })
+        .flatten();
         // Passive health: the status (the server's, or Envoy's own reply for a refused
         // or reset connection or a timeout), reported when the request is released. One
-        // host call, only when it is on.
-        let status = if self.rt.pool.passive_health.enabled() {
+        // host call, only when it is on or a model's name waits for its first answer.
+        let status = if self.rt.pool.passive_health.enabled() || unserved.is_some() {
             host::header(Map::ResponseHeaders, ":status")
                 .ok()
                 .flatten()
@@ -423,6 +452,15 @@ impl HttpContext for Http {
         } else {
             None
         };
+        if let (Some((model, target)), Some(200..=299)) = (&unserved, status) {
+            let names: Vec<&str> = [model, target]
+                .into_iter()
+                .flatten()
+                .map(String::as_str)
+                .collect();
+            stats::served(&names);
+        }
+        let status = status.filter(|_| self.rt.pool.passive_health.enabled());
         let Some(Some(tokens)) = vm::with(|vm| {
             vm.running.get_mut(&self.id).map(|r| {
                 r.status = status;

@@ -87,6 +87,8 @@ impl RootContext for Root {
                 "pool.endpoints is empty and no discovery is configured: every request will get 503"
             );
         }
+        // The models the configuration names are served from the start (metric labels).
+        stats::served(&crate::model_rewrite::configured_models(&rt.pool));
         let plugin_vm_id = host::property(&["plugin_vm_id"])
             .ok()
             .flatten()

@@ -25,10 +25,13 @@ use crate::shared_store::StoreError;
 /// What routing needs to know about a request, kept while it is parked.
 #[derive(Debug, Clone, Default)]
 pub struct RouteInput {
-    /// The client's model (metric labels).
+    /// The client's model, bounded (`crate::bound`): metric labels only.
     pub model: String,
-    /// The model the request is sent as (after rewrite).
+    /// The model the request is sent as (after rewrite), bounded: metric labels only.
     pub target: String,
+    /// The model the request is sent as, exactly: what the scheduler matches (LoRA
+    /// affinity, prefix keys).
+    pub send_as: String,
     /// Its flow's fairness id (metric label).
     pub fairness_id: String,
     /// Its priority (metric label).
@@ -117,7 +120,7 @@ pub fn route(
     let rendered = server_text.unwrap_or(None);
     let pick = Pick {
         request: Request {
-            model: &input.target,
+            model: &input.send_as,
             prompt: rendered
                 .as_deref()
                 .or(request.map(|r| r.prompt.as_ref()))

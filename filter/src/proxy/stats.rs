@@ -14,6 +14,7 @@
 //! observations are recorded as they happen.
 
 use super::{host, store::HostStore, vm};
+use crate::bound;
 use crate::endpoint::KeyHasher;
 use crate::metrics::exposition;
 use crate::metrics::recorder::{Record, Recorder, Slot};
@@ -184,8 +185,18 @@ fn with(metric: &'static Metric, values: &[&str], f: impl FnOnce(&mut Stats, Slo
 }
 
 /// The series' slot in the recorder and this VM's Envoy stat id for the (capped) labels:
-/// from the cache, else resolved and cached.
+/// from the cache, else resolved and cached. Label values are bounded first
+/// ([`bound::text`]: the proxy bounds a request's client-chosen values once already, so
+/// this is a check of at most 128 bytes each).
 fn resolve_in(stats: &mut Stats, metric: &'static Metric, values: &[&str]) -> (Slot, Option<u32>) {
+    if values
+        .iter()
+        .any(|v| matches!(bound::text(v), std::borrow::Cow::Owned(_)))
+    {
+        let owned: Vec<String> = values.iter().map(|v| bound::owned(v)).collect();
+        let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
+        return resolve_in(stats, metric, &refs);
+    }
     let h = hash(metric, values);
     if let Some(r) = stats.cache.get(&h) {
         let hit = std::ptr::eq(r.metric, metric.name)
@@ -333,6 +344,34 @@ fn envoy_id(stats: &mut Stats, metric: &Metric, labels: &[String]) -> Option<u32
             None
         }
     }
+}
+
+/// Remembers that a server of the pool served these model names, or that the
+/// configuration names them ([`Recorder::serve`]): Envoy's stats give them places of their
+/// own from now on. Series resolved before are resolved again (the slots handed out stay
+/// valid, so a request in flight ends on the series it started on).
+pub fn served(names: &[&str]) {
+    STATS.with(|cell| {
+        let Ok(mut stats) = cell.try_borrow_mut() else {
+            return;
+        };
+        let mut new = false;
+        for name in names {
+            new |= stats.recorder.serve(&bound::text(name));
+        }
+        if new {
+            stats.cache.clear();
+            stats.groups.clear();
+        }
+    });
+}
+
+/// Whether the model name (a bounded label value) is known to be served ([`served`]).
+pub fn is_served(name: &str) -> bool {
+    STATS.with(|cell| {
+        cell.try_borrow()
+            .is_ok_and(|stats| stats.recorder.served(name))
+    })
 }
 
 /// Adds `delta` (in the metric's recorded unit) to a counter or gauge.
