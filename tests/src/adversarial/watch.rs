@@ -13,7 +13,7 @@ pub struct Snapshot {
     pub stats: usize,
     /// Wasm VMs created since start (`wasm.envoy.wasm.runtime.v8.created`).
     pub vms_created: u64,
-    /// Sum of every `…vm_reload…` stat: a VM replaced after a crash.
+    /// Sum of Envoy's `wasm.…vm_reload…` stats: a VM replaced after a crash.
     pub vm_reloads: u64,
     /// Requests the filter counts as running (`inference_objective_running_requests`).
     pub running: f64,
@@ -67,7 +67,7 @@ pub fn snapshot(envoy: &Envoy, metrics: Option<&str>, marker: &str) -> Snapshot 
     };
     let mut names = std::collections::HashSet::new();
     for line in stats.lines() {
-        let Some((name, value)) = line.split_once(": ") else {
+        let Some((name, value)) = line.rsplit_once(": ") else {
             s.forged
                 .push(format!("/stats line without a value: {}", clip(line)));
             continue;
@@ -78,7 +78,8 @@ pub fn snapshot(envoy: &Envoy, metrics: Option<&str>, marker: &str) -> Snapshot 
         if name == "wasm.envoy.wasm.runtime.v8.created" {
             s.vms_created = value.trim().parse().unwrap_or(0);
         }
-        if name.contains("vm_reload") {
+        // Envoy's own (`wasm.<plugin>.vm_reload_*`), not a filter stat with a label.
+        if name.starts_with("wasm.") && name.contains("vm_reload") && !name.contains("=.=") {
             s.vm_reloads += value.trim().parse::<u64>().unwrap_or(0);
         }
         if let Some(why) = unbounded_client_text(name, marker) {
