@@ -107,3 +107,59 @@ fn idle_model_names_leave_the_metrics_endpoint_and_free_their_places_under_the_c
     let statuses: Vec<_> = sim.outcomes().iter().map(|o| o.status).collect();
     assert!(statuses.iter().all(|s| *s == Some(200)));
 }
+
+/// Envoy's stats never free a stat: a flood of model names that no server serves (every
+/// engine answers 404) must not use up the label places of a model asked for later, on any
+/// worker. Each worker learns that a model is served from its own first 2xx.
+#[test]
+fn names_no_server_serves_leave_envoys_places_to_a_model_asked_for_later() {
+    const WORKERS: u64 = 4;
+    const JUNK: usize = 2_500;
+    const LATER: u64 = 80;
+    let eps = endpoints(2);
+    let cfg = SimConfig::new(&filter_config(&eps, json!({})))
+        .workers(WORKERS as usize)
+        .seed(5);
+    let mut sim = sim_serving(cfg, &eps, |a| host_sim::VllmConfig::new(a).build());
+    sim.add_requests((0..JUNK).map(|i| {
+        RequestSpec::completion(&format!("junk-{i}"), "hi", 1, false)
+            .at(ms(100) + i as u64 * ms(1) / 2)
+    }));
+    sim.add_requests(
+        (0..LATER).map(|i| RequestSpec::completion(MODEL, "hi", 1, false).at(2 * SEC + i * ms(50))),
+    );
+    sim.run().unwrap();
+    let statuses: Vec<_> = sim.outcomes().iter().map(|o| o.status).collect();
+    assert!(statuses[..JUNK].iter().all(|s| *s == Some(404)));
+    assert!(statuses[JUNK..].iter().all(|s| *s == Some(200)));
+    let prom = sim.prometheus();
+    let totals: Vec<&str> = prom
+        .lines()
+        .filter(|l| l.starts_with("inference_objective_request_total{"))
+        .collect();
+    let counted = totals
+        .iter()
+        .filter(|l| l.contains(&format!("model_name=\"{MODEL}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    // Only requests a worker routed before its first answer for the model (here at most its
+    // first: they come 50 ms apart) went to `other`.
+    assert!(
+        counted >= (LATER - WORKERS) as f64,
+        "{counted} of {LATER} under {MODEL}: {}",
+        totals
+            .iter()
+            .filter(|l| !l.contains("junk-"))
+            .copied()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let junk = totals
+        .iter()
+        .filter(|l| l.contains("model_name=\"junk-"))
+        .count();
+    assert!(
+        junk <= WORKERS as usize * 100,
+        "{junk} junk names have a stat of their own"
+    );
+}

@@ -583,3 +583,45 @@ fn junk_model_names_do_not_take_the_label_places_of_later_models() {
         .collect();
     assert!(junk.len() <= 100, "{} junk names have a stat", junk.len());
 }
+
+#[test]
+fn a_trusted_rewrite_header_set_by_an_earlier_filter_overrides_the_clients() {
+    // README's recipe: `header_mutation` before the picker owns the header.
+    let server = VllmSimServer::start(&["--model", MODEL]);
+    let dir = scratch_dir("trust-recipe");
+    let path = dir.join("filter.json");
+    std::fs::write(
+        &path,
+        json!({"pool": {"trustHeaders": {"modelRewrite": true}}}).to_string(),
+    )
+    .unwrap();
+    let pre = dir.join("pre-filter.yaml");
+    std::fs::write(
+        &pre,
+        format!(
+            r#"          - name: envoy.filters.http.header_mutation
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+              mutations:
+                request_mutations:
+                - append:
+                    header: {{key: x-gateway-model-name-rewrite, value: {MODEL}}}
+                    append_action: OVERWRITE_IF_EXISTS_OR_ADD
+                - remove: x-llm-d-model-name-rewrite
+"#
+        ),
+    )
+    .unwrap();
+    let extra = vec!["--pre-filter".to_string(), pre.display().to_string()];
+    let envoy =
+        Envoy::launch(&path, &[&server.address], 2, &extra).unwrap_or_else(|e| panic!("{e}"));
+    for h in [
+        vec![("x-gateway-model-name-rewrite", "forbidden-model")],
+        vec![("x-llm-d-model-name-rewrite", "forbidden-model")],
+        vec![],
+    ] {
+        let r = complete(&envoy, "alias-of-the-route", false, &h);
+        assert_eq!(r.status, 200, "{h:?}: {}", r.text());
+        assert_eq!(r.json()["model"], "alias-of-the-route");
+    }
+}

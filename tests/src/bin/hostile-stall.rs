@@ -2,7 +2,9 @@
 //! filter (2 workers) in front of one `vllm-sim`: for each class of hostile request, a
 //! few well-formed clients send completions back to back while hostile clients send
 //! theirs, and the well-formed requests' latency (p50, p99, max) is printed beside a
-//! phase without hostile traffic, with Envoy's heap before and after.
+//! phase without hostile traffic, with Envoy's heap before and after; then the same
+//! phases through Envoy without the filter (what Envoy and the server alone cost on this
+//! machine).
 //!
 //! ```sh
 //! cargo run -p tests --release --bin hostile-stall -- [SECONDS_PER_PHASE]   # default 10
@@ -66,17 +68,28 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
     let server = VllmSimServer::start(&["--model", MODEL]);
-    let envoy = Envoy::start(&json!({}), &[&server.address], 2);
-    let good = json!({"model": MODEL, "prompt": "hello", "max_tokens": 2}).to_string();
     println!(
-        "{:<14} {:>6} {:>9} {:>9} {:>9} {:>8} {:>14} {:>12}",
-        "hostile", "good", "p50 ms", "p99 ms", "max ms", "hostile", "statuses", "heap MB"
+        "{:<10} {:<14} {:>6} {:>9} {:>9} {:>9} {:>8} {:>14} {:>12}",
+        "envoy", "hostile", "good", "p50 ms", "p99 ms", "max ms", "hostile", "statuses", "heap MB"
     );
+    for with_filter in [true, false] {
+        let envoy = Envoy::start_with(&json!({}), &[&server.address], 2, with_filter);
+        phases(
+            &envoy,
+            seconds,
+            if with_filter { "filter" } else { "no filter" },
+        );
+    }
+}
+
+/// Runs every phase against `envoy` and prints a row each.
+fn phases(envoy: &Envoy, seconds: u64, tag: &str) {
+    let good = json!({"model": MODEL, "prompt": "hello", "max_tokens": 2}).to_string();
     let mut counter = 0u64;
     for class in ["none", "4mib-names", "control-chars", "many-names"] {
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
-        let before = heap(&envoy);
+        let before = heap(envoy);
         let hostile: Vec<_> = (0..hostile_clients(class))
             .map(|c| {
                 let (listen, stop, sent) = (envoy.listen.clone(), stop.clone(), sent.clone());
@@ -132,7 +145,8 @@ fn main() {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s}x{n}")).collect();
         println!(
-            "{:<14} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>8} {:>14} {:>5.0}->{:<5.0}",
+            "{:<10} {:<14} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>8} {:>14} {:>5.0}->{:<5.0}",
+            tag,
             class,
             lat.len(),
             ms(percentile(&lat, 0.5)),
@@ -141,7 +155,7 @@ fn main() {
             sent.load(Ordering::SeqCst),
             statuses.join(","),
             before as f64 / 1e6,
-            heap(&envoy) as f64 / 1e6,
+            heap(envoy) as f64 / 1e6,
         );
     }
 }
