@@ -332,9 +332,7 @@ impl Gen {
             3 => format!(r#"{{"model\u0000":"{mk}","model":"{m}","prompt":"hi"}}"#).into(),
             4 => format!(r#"{{"model":["{m}"],"prompt":"hi"}}"#).into(),
             5 => format!(r#"{{"model":{{"name":"{m}"}},"prompt":"hi"}}"#).into(),
-            6 => {
-                format!(r#"{{"model":null,"prompt":"hi","stream":"true","max_tokens":-1}}"#).into()
-            }
+            6 => r#"{"model":null,"prompt":"hi","stream":"true","max_tokens":-1}"#.into(),
             7 => format!(
                 r#"{{"model":"{m}","prompt":"hi","max_tokens":{}}}"#,
                 self.pick(&[
@@ -510,7 +508,7 @@ impl Gen {
         let mk = self.marker.clone();
         let base = self.pick(PATHS).to_string();
         let path = match self.rng.below(9) {
-            0 | 1 | 2 => base,
+            0..=2 => base,
             3 => format!("{base}?model={mk}&stream=true"),
             4 => format!("{base}/"),
             5 => base.replace("/v1/", "/v1%2F"),
@@ -541,7 +539,7 @@ impl Gen {
             h.headers
                 .push(("content-type".into(), b"application/json".to_vec()));
             h.body = self
-                .body_for(&JSON_PATHS[0], &format!("\"{}\"", self.model), "")
+                .body_for(JSON_PATHS[0], &format!("\"{}\"", self.model), "")
                 .into_bytes();
         }
         h
