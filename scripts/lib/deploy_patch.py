@@ -12,7 +12,8 @@ pulling), mTLS/SDS, Istio's own telemetry filters, EG's ext-auth/rate-limit mach
 Kubernetes objects (Service, InferencePool) and their translation.
 
 The EnvoyFilter applier implements only what our manifests use: EXTENSION_CONFIG ADD,
-HTTP_FILTER INSERT_BEFORE (subFilter match), LISTENER MERGE, CLUSTER ADD and CLUSTER MERGE
+HTTP_FILTER INSERT_BEFORE (subFilter match), NETWORK_FILTER MERGE (the connection manager),
+LISTENER MERGE, CLUSTER ADD and CLUSTER MERGE
 (service/portNumber match), with protobuf merge semantics (messages merge, lists append,
 scalars replace). The EnvoyPatchPolicy applier implements JSON Patch `add`/`replace` with
 `path`, a `jsonPath` of the form `..http_filters[?(@.name=="...")]<.field>*`, and `add` with
@@ -105,6 +106,11 @@ def apply_envoyfilter(bootstrap, ef, wasm_path):
             for _, hcm in hcms(bootstrap):
                 names = [f["name"] for f in hcm["http_filters"]]
                 hcm["http_filters"].insert(names.index(sub), copy.deepcopy(value))
+        elif (what, op) == ("NETWORK_FILTER", "MERGE"):
+            name = match["listener"]["filterChain"]["filter"]["name"]
+            assert name == "envoy.filters.network.http_connection_manager", name
+            for _, hcm in hcms(bootstrap):
+                merge(hcm, value["typed_config"])
         elif (what, op) == ("LISTENER", "MERGE"):
             for listener in bootstrap["static_resources"]["listeners"]:
                 merge(listener, value)
@@ -178,7 +184,16 @@ def istio_gateway(wasm_path, eds_path, admin_port, listen_port=0, override=None)
     patterns = [{"prefix": "reporter="}] + \
         [{"prefix": p} for p in proxy["proxyStatsMatcher"]["inclusionPrefixes"]] + \
         [{"prefix": "component"}, {"prefix": "istio"}]
+    # Istio's template always holds the connection monitor; its limit comes from the proxy
+    # metadata (pkg/bootstrap/config.go: unlimited, math.MaxInt32, unless set).
+    connections = int(proxy.get("proxyMetadata", {}).get(
+        "ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS", 2147483647))
     bootstrap = {
+        "overload_manager": {"resource_monitors": [{
+            "name": "envoy.resource_monitors.global_downstream_max_connections",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.resource_monitors."
+                             "downstream_connections.v3.DownstreamConnectionsConfig",
+                             "max_active_downstream_connections": connections}}]},
         "node": {"id": "router~10.0.0.9~inference-gateway-istio-0.default~default.svc.cluster.local",
                  "cluster": "inference-gateway-istio.default"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
@@ -311,6 +326,32 @@ def envoy_gateway(wasm_path, eds_path, admin_port, listen_port=0):
             "clusters": [cluster],
         },
     }
+    # EG's bootstrap template: the connection monitor always; with a memory limit on the
+    # proxy container, the heap monitor at 80 % of it and its two actions.
+    monitors = [{"name": "envoy.resource_monitors.global_downstream_max_connections",
+                 "typed_config": {"@type": "type.googleapis.com/envoy.extensions.resource_monitors."
+                                  "downstream_connections.v3.DownstreamConnectionsConfig",
+                                  "max_active_downstream_connections": 50000}}]
+    actions = []
+    for proxy in m.get("EnvoyProxy", []):
+        limit = (proxy["spec"].get("provider", {}).get("kubernetes", {}).get("envoyDeployment", {})
+                 .get("container", {}).get("resources", {}).get("limits", {}).get("memory"))
+        if limit:
+            heap = "envoy.resource_monitors.fixed_heap"
+            monitors.append({"name": heap, "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                "max_heap_size_bytes": int(quantity(limit) * 0.8)}})
+            actions = [{"name": "envoy.overload_actions.shrink_heap",
+                        "triggers": [{"name": heap, "threshold": {"value": 0.95}}]},
+                       {"name": "envoy.overload_actions.stop_accepting_requests",
+                        "triggers": [{"name": heap, "threshold": {"value": 0.98}}]}]
+    bootstrap["overload_manager"] = {"refresh_interval": "0.25s", "resource_monitors": monitors}
+    if actions:
+        bootstrap["overload_manager"]["actions"] = actions
+    # ClientTrafficPolicy on the Gateway → the listener's connection manager
+    # (internal/xds/translator/listener.go).
+    for ctp in m.get("ClientTrafficPolicy", []):
+        apply_client_traffic_policy(bootstrap, ctp["spec"])
     for proxy in m.get("EnvoyProxy", []):
         b = proxy["spec"].get("bootstrap")
         if b:
@@ -323,6 +364,49 @@ def envoy_gateway(wasm_path, eds_path, admin_port, listen_port=0):
             c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
                 "socket_address"]["port_value"] = admin_port
     return bootstrap
+
+
+def quantity(q):
+    """A Kubernetes quantity (e.g. "2Gi", "512Mi", "1G") in bytes."""
+    m = re.fullmatch(r"(\d+)([KMGT]i?)?", str(q))
+    assert m, f"quantity form not implemented: {q}"
+    unit = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[m.group(2)]
+    return int(m.group(1)) * unit
+
+
+def apply_client_traffic_policy(bootstrap, spec):
+    """The fields of a ClientTrafficPolicy that envoy/envoy-gateway uses, as EG translates
+    them onto the listener and its connection manager."""
+    http_t = spec.get("timeout", {}).get("http", {})
+    conn = spec.get("connection", {})
+    for listener, hcm in list(hcms(bootstrap)):
+        for field, key in [("requestHeadersReceivedTimeout", "request_headers_timeout"),
+                           ("streamIdleTimeout", "stream_idle_timeout"),
+                           ("requestReceivedTimeout", "request_timeout")]:
+            if field in http_t:
+                hcm[key] = http_t[field]
+        if "idleTimeout" in http_t:
+            hcm.setdefault("common_http_protocol_options", {})["idle_timeout"] = http_t["idleTimeout"]
+        if "http2" in spec:
+            h2 = spec["http2"]
+            opts = hcm.setdefault("http2_protocol_options", {})
+            for field, key in [("maxConcurrentStreams", "max_concurrent_streams"),
+                               ("initialStreamWindowSize", "initial_stream_window_size"),
+                               ("initialConnectionWindowSize", "initial_connection_window_size")]:
+                if field in h2:
+                    opts[key] = quantity(h2[field]) if isinstance(h2[field], str) else h2[field]
+        if "bufferLimit" in conn:
+            listener["per_connection_buffer_limit_bytes"] = quantity(conn["bufferLimit"])
+    if "connectionLimit" in conn:
+        # EG puts a connection_limit network filter first in each chain.
+        limit = {"name": "envoy.filters.network.connection_limit", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.connection_limit.v3.ConnectionLimit",
+            "stat_prefix": "connection_limit",
+            "max_connections": conn["connectionLimit"]["value"]}}
+        for listener in bootstrap["static_resources"]["listeners"]:
+            for chain in listener.get("filter_chains", []):
+                chain["filters"].insert(0, copy.deepcopy(limit))
 
 
 def bare_bootstrap(http_filters, ads=False):

@@ -36,8 +36,10 @@ def main():
     buckets = load("histogram-buckets.yaml")
 
     def istio_bootstrap(text):
-        head, sep, _ = text.partition("  custom_bootstrap.json: |\n")
-        body = json.dumps({"stats_config": {"stats_tags": tags}}, indent=2)
+        head, sep, old = text.partition("  custom_bootstrap.json: |\n")
+        doc = json.loads(old) if old.strip() else {}  # keeps the rest (the overload manager)
+        doc.setdefault("stats_config", {})["stats_tags"] = tags
+        body = json.dumps(doc, indent=2)
         return head + sep + "".join("    " + line + "\n" for line in body.splitlines())
 
     def istio_gateway(text):

@@ -49,6 +49,24 @@ impl Envoy {
         workers: u32,
         extra: &[String],
     ) -> Result<Envoy, String> {
+        Self::launch_edited(
+            config_path,
+            endpoints,
+            workers,
+            extra,
+            |b| Ok(b.to_string()),
+        )
+    }
+
+    /// Like [`Envoy::launch`], with the rendered bootstrap passed through `edit` first
+    /// (e.g. a shipped limit scaled down so a test can reach it).
+    pub fn launch_edited(
+        config_path: &std::path::Path,
+        endpoints: &[&str],
+        workers: u32,
+        extra: &[String],
+        edit: impl FnOnce(&str) -> Result<String, String>,
+    ) -> Result<Envoy, String> {
         let dir = scratch_dir("envoy");
         let bootstrap = dir.join("bootstrap.yaml");
         let mut render = Command::new("python3");
@@ -68,7 +86,8 @@ impl Envoy {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        std::fs::write(&bootstrap, &out.stdout).map_err(|e| format!("write bootstrap: {e}"))?;
+        let rendered = edit(&String::from_utf8_lossy(&out.stdout))?;
+        std::fs::write(&bootstrap, rendered).map_err(|e| format!("write bootstrap: {e}"))?;
         let admin_path = dir.join("admin-address");
         let log = dir.join("envoy.log");
         let child = Command::new(paths::envoy())
@@ -127,6 +146,26 @@ impl Envoy {
             .as_u64()
             .expect("listener port");
         format!("127.0.0.1:{port}")
+    }
+
+    /// Envoy's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A counter or gauge of the admin `/stats` (0 when absent).
+    pub fn stat(&self, name: &str) -> u64 {
+        let r = http::get(&self.admin, &format!("/stats?filter=^{name}$")).expect("admin /stats");
+        r.text()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(": ")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
     }
 
     /// Envoy's Prometheus output.

@@ -6,6 +6,7 @@
 //! The artifacts are built by `scripts/test` (release `.wasm`, release `vllm-sim`,
 //! Envoy in `.venv`); a missing one fails the test with the command that builds it.
 
+pub mod adversarial;
 pub mod envoy;
 pub mod fault_proxy;
 pub mod http;
