@@ -17,6 +17,8 @@ pub const PRIMARY: &str = "x-gateway-destination-endpoint-primary";
 pub const SUBSET: &str = "x-gateway-destination-endpoint-subset";
 /// Request header naming the prefill endpoint (P/D disaggregation).
 pub const PREFILLER: &str = "x-prefiller-host-port";
+/// Request header naming the encode endpoints, comma-separated (llm-d-router's E/P/D).
+pub const ENCODERS: &str = "x-encoder-hosts-ports";
 /// Response header naming the endpoint that served.
 pub const SERVED: &str = "x-gateway-destination-endpoint-served";
 /// The request's tenant for fairness (GIE name, router name).
@@ -53,10 +55,11 @@ pub const ORIGINAL_DST_HOST: &str = "x-envoy-original-dst-host";
 
 /// Headers a client must not pass upstream or set itself: the gateway owns them (the
 /// subset hint, the rewrite, SLO and profile-selection headers are read first).
-pub const GATEWAY_OWNED: [&str; 17] = [
+pub const GATEWAY_OWNED: [&str; 18] = [
     DESTINATION,
     PRIMARY,
     PREFILLER,
+    ENCODERS,
     SERVED,
     SUBSET,
     MODEL_REWRITE[0],

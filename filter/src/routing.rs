@@ -65,6 +65,8 @@ pub enum Routed {
         prefill: Option<String>,
         /// P/D decided to disaggregate (even if no prefill endpoint was found).
         disaggregated: bool,
+        /// `x-encoder-hosts-ports`, when the encode stage chose endpoints (E/P/D).
+        encoders: Vec<String>,
         /// The primary's prefix match, when prefix plugins are configured.
         hit: Option<PrefixMatch>,
         /// The primary's features and prediction, with a latency producer.
@@ -193,12 +195,15 @@ pub fn route(
                 targets: d.targets.iter().filter_map(|&i| address(i)).collect(),
                 prefill: d.prefill.and_then(address),
                 disaggregated: d.disaggregated,
+                encoders: d.encoders.iter().filter_map(|&i| address(i)).collect(),
                 hit: d.primary().and_then(|i| d.prefix.get(i).copied()),
                 estimate: d.primary().and_then(|i| d.estimates.get(i).cloned()),
                 expected: expected.map(Box::new),
             }
         }
-        Err(e @ ScheduleError::SloUnattainable { .. }) => Routed::Shed { why: e.to_string() },
+        Err(e @ (ScheduleError::SloUnattainable { .. } | ScheduleError::Shed { .. })) => {
+            Routed::Shed { why: e.to_string() }
+        }
         Err(e) => Routed::None {
             why: e.to_string(),
             pool: candidates.iter().map(|c| c.address.clone()).collect(),

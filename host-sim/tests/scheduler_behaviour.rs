@@ -491,6 +491,177 @@ fn a_long_uncached_prompt_is_prefilled_on_a_prefill_server_and_decoded_on_a_deco
     assert_eq!(header(sh, "x-prefiller-host-port"), None, "{sh:?}");
 }
 
+/// E/P/D (llm-d-router's `disagg-profile-handler` with an encode decider): a chat request
+/// with an image part reaches its decode server with `x-encoder-hosts-ports` naming the
+/// encode server; a text-only request does not, and a client's own value is not passed on.
+#[test]
+fn a_multimodal_request_names_its_encoder_and_a_text_request_does_not() {
+    let eps = endpoints(2);
+    let cfg = json!({
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "plugins": [
+            {"type": "encode-filter"}, {"type": "decode-filter"}, {"type": "queue-scorer"},
+            {"type": "always-disagg-multimodal-decider"},
+            {"type": "disagg-profile-handler", "parameters": {"deciders": {"encode": "always-disagg-multimodal-decider"}}}
+        ],
+        "schedulingProfiles": [
+            {"name": "encode", "plugins": [{"pluginRef": "encode-filter"}]},
+            {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}, {"pluginRef": "queue-scorer"}]}
+        ],
+        "pool": {"endpoints": [
+            {"address": eps[0], "labels": {"llm-d.ai/role": "encode"}},
+            {"address": eps[1], "labels": {"llm-d.ai/role": "decode"}}
+        ]}
+    });
+    let mut sim = new_sim(cfg.to_string(), 2, 37);
+    let seen: Vec<Seen> = eps.iter().map(|_| Seen::default()).collect();
+    for (i, e) in eps.iter().enumerate() {
+        sim.add_endpoint(
+            e,
+            Box::new(Recording {
+                inner: Box::new(engine(e, 1 + i as u64).build()),
+                seen: seen[i].clone(),
+                rewrite: None,
+            }),
+        );
+    }
+    let chat = |content: Value| {
+        json!({"model": MODEL, "max_tokens": 4,
+            "messages": [{"role": "user", "content": content}]})
+        .to_string()
+    };
+    let image = chat(json!([
+        {"type": "text", "text": "what is in this picture?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    ]));
+    let text = chat(json!("say \"image_url\" twice"));
+    sim.add_requests([
+        RequestSpec::post("/v1/chat/completions", image).at(ms(300)),
+        RequestSpec::post("/v1/chat/completions", text)
+            .header("x-encoder-hosts-ports", "6.6.6.6:1")
+            .at(ms(600)),
+    ]);
+    sim.run_until(5 * SEC).unwrap();
+    for i in 0..2 {
+        assert_eq!(sim.outcome(i).endpoint.as_deref(), Some(eps[1].as_str()));
+    }
+    let got = seen[1].borrow();
+    let at = |from: Nanos, to: Nanos| {
+        got.iter()
+            .find(|(t, _, _)| (from..to).contains(t))
+            .map(|(_, _, h)| h.clone())
+            .expect("the decode server received it")
+    };
+    let h = at(ms(300), ms(600));
+    assert_eq!(
+        header(&h, "x-encoder-hosts-ports"),
+        Some(eps[0].as_str()),
+        "{h:?}"
+    );
+    let h = at(ms(600), 5 * SEC);
+    assert_eq!(header(&h, "x-encoder-hosts-ports"), None, "{h:?}");
+}
+
+/// `session-affinity-filter` with the `session_id` strategy: every request of a
+/// conversation goes to one server whichever worker takes it and however loaded it is,
+/// and the conversations spread over the servers.
+#[test]
+fn the_requests_of_a_session_stay_on_one_server() {
+    let eps = endpoints(3);
+    let cfg = json!({
+        "plugins": [
+            {"type": "session-affinity-filter", "parameters": {"strategy": "session_id",
+                "sessionIdConfig": {"sources": [{"header": "x-conversation"}]}}},
+            {"type": "queue-scorer"}
+        ],
+        "schedulingProfiles": [{"name": "default", "plugins": [
+            {"pluginRef": "session-affinity-filter"}, {"pluginRef": "queue-scorer"}]}],
+        "pool": {"endpoints": eps}
+    });
+    let mut sim = new_sim(cfg.to_string(), 4, 43);
+    for (i, e) in eps.iter().enumerate() {
+        sim.add_endpoint(e, Box::new(engine(e, 1 + i as u64).build()));
+    }
+    // 8 conversations × 12 turns, interleaved every 10 ms (the queues differ all along).
+    sim.add_requests((0..96).map(|i| {
+        let conv = i % 8;
+        RequestSpec::completion(MODEL, &format!("turn {i}"), 32, false)
+            .header("x-conversation", &format!("conversation-{conv}"))
+            .label(&format!("c{conv}"))
+            .at(ms(200) + i * ms(10))
+    }));
+    sim.run_until(20 * SEC).unwrap();
+    let mut homes: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for o in sim.outcomes() {
+        assert_eq!(o.status, Some(200), "{}", o.text());
+        homes
+            .entry(o.label.clone())
+            .or_default()
+            .insert(o.endpoint.clone().unwrap());
+    }
+    assert_eq!(homes.len(), 8);
+    assert!(homes.values().all(|h| h.len() == 1), "{homes:?}");
+    let used: std::collections::BTreeSet<_> = homes.values().flatten().collect();
+    assert!(used.len() >= 2, "sessions spread: {homes:?}");
+}
+
+/// `topology-affinity-filter` in the prefill profile: the prefill server named to the
+/// decode server is the one in the decode server's zone.
+#[test]
+fn the_prefill_server_is_chosen_in_the_decode_servers_zone() {
+    let eps = endpoints(4);
+    let zone =
+        |z: &str, role: &str| json!({"llm-d.ai/role": role, "topology.kubernetes.io/zone": z});
+    let cfg = json!({
+        "plugins": [
+            {"type": "prefill-filter"}, {"type": "decode-filter"}, {"type": "queue-scorer"},
+            {"type": "topology-extractor"},
+            {"type": "topology-affinity-filter", "parameters": {"minAffinity": "zone"}},
+            {"type": "always-disagg-pd-decider"},
+            {"type": "disagg-profile-handler", "parameters": {"deciders": {"prefill": "always-disagg-pd-decider"}}}
+        ],
+        "schedulingProfiles": [
+            {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"},
+                {"pluginRef": "topology-affinity-filter"}, {"pluginRef": "queue-scorer"}]},
+            {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}, {"pluginRef": "queue-scorer"}]}
+        ],
+        "pool": {"endpoints": [
+            {"address": eps[0], "labels": zone("a", "prefill")},
+            {"address": eps[1], "labels": zone("b", "prefill")},
+            {"address": eps[2], "labels": zone("a", "decode")},
+            {"address": eps[3], "labels": zone("b", "decode")}
+        ]}
+    });
+    let mut sim = new_sim(cfg.to_string(), 2, 47);
+    let seen: Vec<Seen> = eps.iter().map(|_| Seen::default()).collect();
+    for (i, e) in eps.iter().enumerate() {
+        sim.add_endpoint(
+            e,
+            Box::new(Recording {
+                inner: Box::new(engine(e, 1 + i as u64).build()),
+                seen: seen[i].clone(),
+                rewrite: None,
+            }),
+        );
+    }
+    sim.add_requests((0..12).map(|i| {
+        RequestSpec::completion(MODEL, &format!("q{i}"), 16, false).at(ms(300) + i * ms(20))
+    }));
+    sim.run_until(5 * SEC).unwrap();
+    let mut pairs = 0;
+    for (decode, prefill) in [(2, 0), (3, 1)] {
+        for (_, _, h) in seen[decode].borrow().iter() {
+            assert_eq!(
+                header(h, "x-prefiller-host-port"),
+                Some(eps[prefill].as_str()),
+                "{h:?}"
+            );
+            pairs += 1;
+        }
+    }
+    assert_eq!(pairs, 12, "both decode servers saw the requests");
+}
+
 // ---------------------------------------------------------------------------------------
 // Servers leaving and returning.
 

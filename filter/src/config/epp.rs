@@ -190,13 +190,31 @@ pub(crate) fn quantity(v: Option<&Value>, path: &str) -> Result<u64, ConfigError
     }
 }
 
-/// Parses `dataLayer` (`sources: [{pluginRef, extractors: [{pluginRef}]}]`).
-pub fn parse_data_layer(v: &Value) -> Result<Vec<SourceSpec>, ConfigError> {
+/// The `dataLayer` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataLayerSpec {
+    /// `sources`.
+    pub sources: Vec<SourceSpec>,
+    /// `injectDefaults` (default true).
+    pub inject_defaults: bool,
+}
+
+/// Parses `dataLayer` (`sources: [{pluginRef, extractors: [{pluginRef}]}]`,
+/// `injectDefaults`).
+pub fn parse_data_layer(v: &Value) -> Result<DataLayerSpec, ConfigError> {
     let o = as_object(v, "dataLayer")?;
-    only_fields(o, "dataLayer", &["sources"])?;
+    only_fields(o, "dataLayer", &["sources", "injectDefaults"])?;
+    let inject_defaults = match o.get("injectDefaults") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(err("dataLayer.injectDefaults", "must be true or false")),
+    };
     let mut out = Vec::new();
     let Some(list) = o.get("sources") else {
-        return Ok(out);
+        return Ok(DataLayerSpec {
+            sources: out,
+            inject_defaults,
+        });
     };
     for (i, s) in as_array(list, "dataLayer.sources")?.iter().enumerate() {
         let path = format!("dataLayer.sources[{i}]");
@@ -220,5 +238,8 @@ pub fn parse_data_layer(v: &Value) -> Result<Vec<SourceSpec>, ConfigError> {
             extractors,
         });
     }
-    Ok(out)
+    Ok(DataLayerSpec {
+        sources: out,
+        inject_defaults,
+    })
 }

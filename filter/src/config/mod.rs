@@ -30,8 +30,11 @@ pub use crate::endpoint::Endpoint;
 use serde_json::Value;
 use validate::{as_object, as_str, err, only_fields};
 
-/// The API version the reference uses for `EndpointPickerConfig`.
+/// The API version GIE's EPP used for `EndpointPickerConfig`.
 pub const API_VERSION: &str = "inference.networking.x-k8s.io/v1alpha1";
+/// Every accepted `apiVersion`: GIE's group, and llm-d-router's `llm-d.ai` group (its
+/// `v1alpha1`, and `v1`) — the same document under the group that now owns it.
+pub const API_VERSIONS: &[&str] = &[API_VERSION, "llm-d.ai/v1alpha1", "llm-d.ai/v1"];
 /// The kind the reference uses.
 pub const KIND: &str = "EndpointPickerConfig";
 
@@ -49,7 +52,7 @@ const TOP_FIELDS: &[&str] = &[
 ];
 
 /// The configuration document as written, its shape checked, nothing defaulted.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EndpointPickerConfig {
     /// `plugins[]`, in declaration order (`None`: the section is absent).
     pub plugins: Option<Vec<PluginSpec>>,
@@ -61,12 +64,31 @@ pub struct EndpointPickerConfig {
     pub saturation_detector: Option<String>,
     /// The `flowControl` section, read by the flow-control layer.
     pub flow_control: Option<Value>,
-    /// `dataLayer.sources` (`None`: the section is absent; empty: collection disabled).
+    /// `dataLayer.sources` (`None`: the section is absent).
     pub data_sources: Option<Vec<SourceSpec>>,
+    /// `dataLayer.injectDefaults` (default true): add the metrics source and extractor
+    /// when no `metrics-data-source` is among the sources, as llm-d-router does.
+    pub inject_data_defaults: bool,
     /// `parser.pluginRef`.
     pub parser: Option<String>,
     /// Our `pool` section (defaults when absent).
     pub pool: Pool,
+}
+
+impl Default for EndpointPickerConfig {
+    fn default() -> Self {
+        Self {
+            plugins: None,
+            profiles: Vec::new(),
+            feature_gates: Vec::new(),
+            saturation_detector: None,
+            flow_control: None,
+            data_sources: None,
+            inject_data_defaults: true,
+            parser: None,
+            pool: Pool::default(),
+        }
+    }
 }
 
 impl EndpointPickerConfig {
@@ -86,10 +108,10 @@ impl EndpointPickerConfig {
         only_fields(top, "", TOP_FIELDS)?;
         if let Some(v) = top.get("apiVersion") {
             let s = as_str(v, "apiVersion")?;
-            if s != API_VERSION {
+            if !API_VERSIONS.contains(&s) {
                 return Err(err(
                     "apiVersion",
-                    format!("must be `{API_VERSION}`, got `{s}`"),
+                    format!("must be one of `{}`, got `{s}`", API_VERSIONS.join("`, `")),
                 ));
             }
         }
@@ -112,14 +134,34 @@ impl EndpointPickerConfig {
             Some(p) => epp::parse_profiles(p)?,
             None => Vec::new(),
         };
-        let saturation_detector = top
+        let top_detector = top
             .get("saturationDetector")
             .map(|v| epp::parse_plugin_ref(v, "saturationDetector"))
             .transpose()?;
-        let data_sources = top
+        // llm-d-router moved the detector into `flowControl.saturationDetector`; both
+        // places name the same thing (the detector serves legacy admission too).
+        let flow_detector = top
+            .get("flowControl")
+            .and_then(|f| f.get("saturationDetector"))
+            .map(|v| epp::parse_plugin_ref(v, "flowControl.saturationDetector"))
+            .transpose()?;
+        let saturation_detector = match (top_detector, flow_detector) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(err(
+                    "flowControl.saturationDetector.pluginRef",
+                    format!(
+                        "names \"{b}\" but saturationDetector.pluginRef names \"{a}\": set one"
+                    ),
+                ))
+            }
+            (a, b) => a.or(b),
+        };
+        let data_layer = top
             .get("dataLayer")
             .map(epp::parse_data_layer)
             .transpose()?;
+        let inject_data_defaults = data_layer.as_ref().is_none_or(|d| d.inject_defaults);
+        let data_sources = data_layer.map(|d| d.sources);
         let parser = top
             .get("parser")
             .map(|v| epp::parse_plugin_ref(v, "parser"))
@@ -131,6 +173,7 @@ impl EndpointPickerConfig {
             saturation_detector,
             flow_control: top.get("flowControl").cloned(),
             data_sources,
+            inject_data_defaults,
             parser,
             pool,
         })

@@ -12,6 +12,7 @@
 pub mod discovery;
 pub mod lease;
 pub mod mapping;
+pub mod notifications;
 pub mod prior_weights;
 pub mod prometheus;
 pub mod snapshot;

@@ -24,6 +24,8 @@ impl Settings {
                 "path",
                 "insecureSkipVerify",
                 "refreshInterval",
+                // llm-d-router's per-source name for the same period (#2214).
+                "interval",
                 "timeout",
                 "cluster",
             ],
@@ -51,7 +53,16 @@ impl Settings {
             }
             Ok(ms)
         };
-        s.interval_ms = duration("refreshInterval", "50ms")?;
+        s.interval_ms = match (params.get("interval"), params.get("refreshInterval")) {
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    &params.path("interval"),
+                    "set interval or refreshInterval, not both (the same period)",
+                ))
+            }
+            (Some(_), None) => duration("interval", "50ms")?,
+            _ => duration("refreshInterval", "50ms")?,
+        };
         s.timeout_ms = duration("timeout", "1s")?;
         s.cluster = params.string("cluster", super::DEFAULT_CLUSTER)?;
         Ok(s)

@@ -2,8 +2,10 @@
 //! defaults: no global limits, no TTL, 1,000,000,000 bytes per band, no per-band count
 //! limit, `global-strict-fairness-policy` and `fcfs-ordering-policy`.
 
+use super::fairness::program_aware::Las;
 use super::fairness::FairnessPolicy;
 use super::ordering::OrderingPolicy;
+use super::usage_limit::{UsageLimit, SOFT_REFLECTIVE_CEILING_POLICY};
 use crate::config::epp::quantity as read_quantity;
 use crate::config::quantity::parse_duration_ms;
 use crate::config::ConfigError;
@@ -47,6 +49,8 @@ pub struct FlowControlConfig {
     pub bands: Vec<Band>,
     /// Saturation at or above which a band stops dispatching (static usage-limit threshold).
     pub ceiling: f64,
+    /// The usage-limit policy (`Static(ceiling)` unless the soft policy is named).
+    pub usage_limit: UsageLimit,
 }
 
 impl FlowControlConfig {
@@ -75,6 +79,7 @@ impl Default for FlowControlConfig {
             },
             bands: Vec::new(),
             ceiling: 1.0,
+            usage_limit: UsageLimit::Static(1.0),
         }
     }
 }
@@ -132,6 +137,8 @@ impl FlowControlConfig {
                 "defaultPriorityBand",
                 "priorityBands",
                 "usageLimitPolicyPluginRef",
+                // Read with the top-level `saturationDetector` (crate::config).
+                "saturationDetector",
             ],
         )?;
         let mut c = Self {
@@ -186,10 +193,14 @@ impl FlowControlConfig {
                     ))
                 }
             };
+            if type_name == SOFT_REFLECTIVE_CEILING_POLICY {
+                c.usage_limit = UsageLimit::SoftReflective;
+                return Ok(c);
+            }
             if type_name != STATIC_USAGE_LIMIT_POLICY {
                 return Err(err(
                     "usageLimitPolicyPluginRef",
-                    format!("\"{name}\" is a {type_name}, not a usage-limit policy ({STATIC_USAGE_LIMIT_POLICY})"),
+                    format!("\"{name}\" is a {type_name}, not a usage-limit policy ({STATIC_USAGE_LIMIT_POLICY}, {SOFT_REFLECTIVE_CEILING_POLICY})"),
                 ));
             }
             if let Some(t) = params.and_then(|p| p.get("threshold")) {
@@ -200,6 +211,7 @@ impl FlowControlConfig {
                     )
                 })?;
             }
+            c.usage_limit = UsageLimit::Static(c.ceiling);
         }
         Ok(c)
     }
@@ -280,6 +292,17 @@ fn parse_band<'a>(
         Some(t) => match FairnessPolicy::from_type(&t) {
             // The default policy needs no declaration; others must be declared.
             Some(FairnessPolicy::GlobalStrict) => FairnessPolicy::GlobalStrict,
+            Some(FairnessPolicy::ProgramAware(_)) if declared("fairnessPolicyRef") => {
+                let name = obj
+                    .get("fairnessPolicyRef")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let params = plugin(name).map_or(&Value::Null, |p| p.parameters);
+                FairnessPolicy::ProgramAware(Las::from_parameters(
+                    params,
+                    &format!("{path}.fairnessPolicyRef({name}).parameters"),
+                )?)
+            }
             Some(p)
                 if obj
                     .get("fairnessPolicyRef")

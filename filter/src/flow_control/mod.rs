@@ -12,6 +12,8 @@
 //! | `state` | the global state shared by all workers (one CAS record) and its operations |
 //! | `parked` | the requests one VM holds paused |
 //! | `legacy` | admission with the gate off (429 for sheddable requests while saturated) |
+//! | `usage_limit` | `static-usage-limit-policy`, `soft-reflective-ceiling-policy`: when a band may dispatch |
+//! | `probabilistic` | `probabilistic-admitter`: sheddable requests shed with a probability rising with saturation |
 //! | `outcome` | outcomes, their HTTP statuses, bodies and metric labels |
 
 pub mod config;
@@ -20,6 +22,8 @@ pub mod legacy;
 pub mod ordering;
 pub mod outcome;
 pub mod parked;
+pub mod probabilistic;
 pub mod saturation;
 pub mod state;
 pub mod ttl;
+pub mod usage_limit;

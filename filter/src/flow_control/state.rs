@@ -18,7 +18,8 @@
 //! Invariant kept by the owner VM: for each of its queues, local parked = queued + granted.
 
 use super::config::{Band, FlowControlConfig};
-use super::fairness::FlowHead;
+use super::fairness::program_aware::{self, Las};
+use super::fairness::{FairnessPolicy, FlowHead};
 use super::ordering::OrderKey;
 use prost::Message;
 
@@ -56,6 +57,24 @@ pub struct FlowState {
     /// `RECENT_WINDOW_MS / RECENT_BUCKET_MS` small counts, whatever the rate.
     #[prost(uint32, repeated, tag = "6")]
     pub recent_counts: Vec<u32>,
+    /// Attained service per program, for bands with `program-aware-fairness` (at most
+    /// [`program_aware::MAX_PROGRAMS`]).
+    #[prost(message, repeated, tag = "7")]
+    pub services: Vec<Service>,
+}
+
+/// One program's attained service (`program-aware-fairness`).
+#[derive(Clone, PartialEq, Message)]
+pub struct Service {
+    /// The fairness id.
+    #[prost(string, tag = "1")]
+    pub fairness_id: String,
+    /// Estimated tokens served, decayed to `at_ms`.
+    #[prost(double, tag = "2")]
+    pub tokens: f64,
+    /// When `tokens` was last updated (ms).
+    #[prost(uint64, tag = "3")]
+    pub at_ms: u64,
 }
 
 /// How far back dispatches are counted (ms).
@@ -368,10 +387,13 @@ impl FlowState {
             .queues
             .iter()
             .any(|q| q.priority >= flow.priority && (q.queued > 0 || q.granted > 0));
-        if !waiting_ahead && saturation(self) < config.ceiling {
+        if !waiting_ahead && self.open(config, flow.priority, saturation(self), now_ms) {
             if let Some(row) = self.row(vm, now_ms) {
                 row.in_flight += 1;
                 row.in_flight_tokens += item.tokens;
+            }
+            if let FairnessPolicy::ProgramAware(las) = band.fairness {
+                self.charge(&las, flow.fairness_id, item.tokens, now_ms);
             }
             self.note_dispatch(now_ms);
             return Admission::Dispatch;
@@ -414,9 +436,6 @@ impl FlowState {
         self.drop_dead(now_ms);
         let mut grants = Vec::new();
         while grants.len() < max {
-            if saturation(self) >= config.ceiling {
-                break;
-            }
             let Some(priority) = self
                 .queues
                 .iter()
@@ -426,6 +445,9 @@ impl FlowState {
             else {
                 break;
             };
+            if !self.open(config, priority, saturation(self), now_ms) {
+                break;
+            }
             match self.grant_in_band(config, priority, now_ms) {
                 Some(g) => {
                     self.note_dispatch(now_ms);
@@ -435,6 +457,72 @@ impl FlowState {
             }
         }
         grants
+    }
+
+    /// A program's attained service now (`program-aware-fairness`).
+    fn service_of(&self, las: &Las, fairness_id: &str, now_ms: u64) -> f64 {
+        self.services
+            .iter()
+            .find(|s| s.fairness_id == fairness_id)
+            .map_or(0.0, |s| las.decayed(s.tokens, s.at_ms, now_ms))
+    }
+
+    /// Adds `tokens` to a program's attained service; drops programs not served within
+    /// the TTL, and the least recently served beyond [`program_aware::MAX_PROGRAMS`].
+    fn charge(&mut self, las: &Las, fairness_id: &str, tokens: u64, now_ms: u64) {
+        self.services.retain(|s| {
+            now_ms.saturating_sub(s.at_ms) <= las.ttl_ms || s.fairness_id == fairness_id
+        });
+        match self
+            .services
+            .iter_mut()
+            .find(|s| s.fairness_id == fairness_id)
+        {
+            Some(s) => {
+                s.tokens = las.decayed(s.tokens, s.at_ms, now_ms) + tokens as f64;
+                s.at_ms = now_ms;
+            }
+            None => {
+                if self.services.len() >= program_aware::MAX_PROGRAMS {
+                    if let Some(i) = (0..self.services.len())
+                        .min_by_key(|&i| self.services.get(i).map_or(0, |s| s.at_ms))
+                    {
+                        self.services.swap_remove(i);
+                    }
+                }
+                self.services.push(Service {
+                    fairness_id: fairness_id.to_string(),
+                    tokens: tokens as f64,
+                    at_ms: now_ms,
+                });
+            }
+        }
+    }
+
+    /// Whether the band of `priority` may dispatch at `saturation` under the usage-limit
+    /// policy: its rank among the active bands (the configured ones, those with requests
+    /// queued or granted, and its own), highest priority first.
+    fn open(
+        &self,
+        config: &FlowControlConfig,
+        priority: i32,
+        saturation: f64,
+        now_ms: u64,
+    ) -> bool {
+        let mut active: Vec<i32> = config.bands.iter().map(|b| b.priority).collect();
+        active.extend(
+            self.queues
+                .iter()
+                .filter(|q| q.queued > 0 || q.granted > 0)
+                .map(|q| q.priority),
+        );
+        active.push(priority);
+        active.sort_unstable_by(|a, b| b.cmp(a));
+        active.dedup();
+        let rank = active.iter().position(|p| *p == priority).unwrap_or(0);
+        config
+            .usage_limit
+            .open(rank, active.len(), saturation, now_ms)
     }
 
     /// Whether a queue has requests a grant can be given for now: queued, on a VM that
@@ -477,8 +565,15 @@ impl FlowState {
             .iter()
             .find(|c| c.priority == priority)
             .map(|c| c.last.as_str());
+        let service: Vec<f64> = match band.fairness {
+            FairnessPolicy::ProgramAware(las) => flows
+                .iter()
+                .map(|f| self.service_of(&las, f.fairness_id, now_ms))
+                .collect(),
+            _ => Vec::new(),
+        };
         let fairness_id = flows
-            .get(band.fairness.pick(&flows, last)?)?
+            .get(band.fairness.pick(&flows, last, &service)?)?
             .fairness_id
             .to_string();
         let qi = (0..self.queues.len())
@@ -505,6 +600,9 @@ impl FlowState {
         if let Some(row) = self.row(vm, 0) {
             row.in_flight += 1;
             row.in_flight_tokens += head.tokens;
+        }
+        if let FairnessPolicy::ProgramAware(las) = band.fairness {
+            self.charge(&las, &fairness_id, head.tokens, now_ms);
         }
         match self.cursors.iter_mut().find(|c| c.priority == priority) {
             Some(c) => c.last.clone_from(&fairness_id),

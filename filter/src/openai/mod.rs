@@ -13,6 +13,7 @@
 //! it finds wrong.
 
 pub mod json;
+pub mod multimodal;
 pub mod scan;
 
 use crate::errors::ApiError;

@@ -12,6 +12,7 @@
 //!   routed, credited until the relay reports it; [`sim_tokens`] — vllm-sim's tokenizer;
 //!   [`text_keys`] — a real model's keys without a tokenizer (the relay tokenizes).
 
+pub mod burst;
 pub mod evict;
 pub mod feedback;
 pub mod hash;
@@ -23,6 +24,7 @@ pub mod shared;
 pub mod sim_tokens;
 pub mod speculative;
 pub mod text_keys;
+pub mod token_producer;
 
 use crate::config::validate::err;
 use crate::config::{ConfigError, Params};

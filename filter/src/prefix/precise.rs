@@ -27,6 +27,9 @@ use super::speculative::Speculative;
 
 /// The plugin's type name.
 pub const TYPE: &str = "precise-prefix-cache-scorer";
+/// llm-d-router's split pipeline: the producer of the precise matches (read by
+/// `prefix-cache-scorer` with `prefixMatchInfoProducerName`), same parameters.
+pub const PRODUCER_TYPE: &str = "precise-prefix-cache-producer";
 
 /// Its parameters.
 pub const PARAMETERS: &[&str] = &[
@@ -42,7 +45,8 @@ pub const PARAMETERS: &[&str] = &[
     "tokenizer",
     "speculativeIndexing",
     "speculativeTTL",
-    // The reference's (llm-d) parameters, refused with a pointer to what replaces them.
+    // llm-d-router's parameters: accepted and checked; each takes effect in kv-relay or
+    // is replaced by what the relay learns ([`check_reference_parameters`]).
     "kvEventsConfig",
     "indexerConfig",
     "tokenProcessorConfig",
@@ -91,19 +95,107 @@ pub struct PreciseConfig {
 /// Default `speculativeTTL`.
 pub const DEFAULT_SPECULATIVE_TTL_MS: u64 = 2_000;
 
+/// Checks llm-d-router's nested parameters (names and types; an unknown one is refused).
+/// None changes what the filter does, because each belongs to another place here:
+///
+/// * `kvEventsConfig.zmqEndpoint`, `topicFilter` → kv-relay's `--server
+///   events=…,topic=…` (the relay subscribes to each server's publisher);
+///   `concurrency`, `discoverPods`, `podDiscoveryConfig` → the relay runs one task per
+///   `--server` it is given; `engineType` → only `vllm` (the relay reads vLLM's events).
+/// * `indexerConfig.kvBlockIndexConfig` → the index lives in kv-relay (`--max-blocks-per-
+///   server`; its counters on the relay's `/metrics`): `enableMetrics`,
+///   `metricsLoggingInterval` and the backend configs are accepted without effect here.
+/// * `tokenProcessorConfig.blockSize` / `blockSizeTokens` → each server's events carry
+///   its own block size, which the relay keys by; `hashSeed` → the relay re-keys blocks
+///   from their token ids, so vLLM's hash seed never matters.
+pub fn check_reference_parameters(p: &Params<'_>) -> Result<(), ConfigError> {
+    if let Some(v) = p.get("kvEventsConfig") {
+        let path = p.path("kvEventsConfig");
+        let k = Params::new(
+            Some(v),
+            &path,
+            &[
+                "zmqEndpoint",
+                "topicFilter",
+                "concurrency",
+                "discoverPods",
+                "podDiscoveryConfig",
+                "engineType",
+            ],
+        )?;
+        k.string("zmqEndpoint", "")?;
+        k.string("topicFilter", "")?;
+        k.i64("concurrency", 1)?;
+        k.bool("discoverPods", false)?;
+        if let Some(d) = k.get("podDiscoveryConfig") {
+            let dp = Params::new(
+                Some(d),
+                &k.path("podDiscoveryConfig"),
+                &["socketPort", "podLabelSelector", "podNamespace"],
+            )?;
+            let port = dp.i64("socketPort", 5557)?;
+            if !(1..=65_535).contains(&port) {
+                return Err(err(&dp.path("socketPort"), "must be a port (1-65535)"));
+            }
+        }
+        let engine = k.string("engineType", "vllm")?;
+        if engine != "vllm" {
+            return Err(err(
+                &k.path("engineType"),
+                format!("\"{engine}\" is not supported: kv-relay reads vLLM's KV events"),
+            ));
+        }
+    }
+    if let Some(v) = p.get("indexerConfig") {
+        let path = p.path("indexerConfig");
+        let i = Params::new(Some(v), &path, &["kvBlockIndexConfig"])?;
+        if let Some(b) = i.get("kvBlockIndexConfig") {
+            let bp = Params::new(
+                Some(b),
+                &i.path("kvBlockIndexConfig"),
+                &[
+                    "enableMetrics",
+                    "metricsLoggingInterval",
+                    "inMemoryConfig",
+                    "costAwareMemoryConfig",
+                    "redisConfig",
+                ],
+            )?;
+            bp.bool("enableMetrics", false)?;
+            bp.i64("metricsLoggingInterval", 0)?;
+            for name in ["inMemoryConfig", "costAwareMemoryConfig", "redisConfig"] {
+                if let Some(c) = bp.get(name) {
+                    crate::config::validate::as_object(c, &bp.path(name))?;
+                }
+            }
+        }
+    }
+    if let Some(v) = p.get("tokenProcessorConfig") {
+        let path = p.path("tokenProcessorConfig");
+        let t = Params::new(
+            Some(v),
+            &path,
+            &["blockSize", "blockSizeTokens", "hashSeed"],
+        )?;
+        t.positive("blockSize", 16)?;
+        t.positive("blockSizeTokens", 16)?;
+        if t.get("hashSeed")
+            .is_some_and(|h| !(h.is_string() || h.is_u64()))
+        {
+            return Err(err(
+                &t.path("hashSeed"),
+                "must be a string or a non-negative integer",
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl PreciseConfig {
     /// Reads the parameters; errors name the field.
     pub fn from_parameters(v: &Value, path: &str) -> Result<Self, ConfigError> {
         let p = Params::new(Some(v), path, PARAMETERS)?;
-        for (name, why) in [
-            ("kvEventsConfig", "the ZMQ subscription runs in kv-relay (its --server flags); set relayCluster to the relay's cluster"),
-            ("indexerConfig", "the block index lives in kv-relay; set relayCluster (and maxBlocksPerServer here)"),
-            ("tokenProcessorConfig", "block keys follow the servers' own block size (kv-relay re-keys vLLM's blocks by token ids); remove it"),
-        ] {
-            if p.get(name).is_some() {
-                return Err(err(&p.path(name), why));
-            }
-        }
+        check_reference_parameters(&p)?;
         let relay_cluster = p.string("relayCluster", DEFAULT_RELAY_CLUSTER)?;
         if relay_cluster.is_empty() {
             return Err(err(
@@ -491,7 +583,21 @@ mod tests {
         assert!(e(json!({"relayCluster": ""})).contains("plugins[0].parameters.relayCluster"));
         assert!(e(json!({"relayCluster": "r", "tokenizer": "hf"})).contains("tokenizer"));
         assert!(e(json!({"tokenizer": "hf"})).contains("kv-relay --tokenizer"));
-        assert!(e(json!({"relayCluster": "r", "kvEventsConfig": {}})).contains("kv-relay"));
+        // llm-d-router's nested parameters load; a wrong one names its field.
+        let reference = json!({
+            "tokenProcessorConfig": {"blockSize": 16, "hashSeed": "42"},
+            "kvEventsConfig": {"zmqEndpoint": "tcp://0.0.0.0:5557", "topicFilter": "kv@",
+                "concurrency": 32, "discoverPods": true, "podDiscoveryConfig": {"socketPort": 5557}},
+            "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": true,
+                "metricsLoggingInterval": 60_000_000_000_i64}}
+        });
+        assert!(PreciseConfig::from_parameters(&reference, "p").is_ok());
+        assert!(e(json!({"kvEventsConfig": {"engineType": "sglang"}}))
+            .contains("plugins[0].parameters.kvEventsConfig.engineType"));
+        assert!(e(json!({"kvEventsConfig": {"zmqEndpoints": "x"}}))
+            .contains("plugins[0].parameters.kvEventsConfig.zmqEndpoints"));
+        assert!(e(json!({"tokenProcessorConfig": {"blockSize": 0}}))
+            .contains("tokenProcessorConfig.blockSize"));
         assert!(e(json!({"relayCluster": "r", "pollIntervalMs": 0})).contains("pollIntervalMs"));
         assert!(e(json!({"speculativeTTL": "2 seconds"})).contains("speculativeTTL"));
         assert!(e(json!({"speculativeTTL": "0"})).contains("speculativeIndexing: false"));

@@ -30,6 +30,7 @@ use crate::rng::Rng;
 use crate::runtime::Runtime;
 use crate::scheduler::handlers::slo_aware;
 use crate::scheduler::scorers::session_affinity;
+use crate::scheduler::session::Strategy;
 use std::rc::Rc;
 
 pub struct Http {
@@ -280,8 +281,12 @@ impl HttpContext for Http {
         );
         self.subset = headers.get(SUBSET).map(parse_subset);
         self.rewrite_header = headers.first(&MODEL_REWRITE).map(str::to_string);
-        if self.rt.sessions {
-            self.session = headers.first(&[SESSION_TOKEN]).map(str::to_string);
+        if let Some(s) = &self.rt.session {
+            self.session = s
+                .headers
+                .iter()
+                .find_map(|h| headers.get(h).filter(|v| !v.is_empty()))
+                .map(str::to_string);
         }
         if !headers.is_empty() && headers.get(REQUEST_ID).is_none() {
             // Envoy generates one for edge requests; behind another proxy it may not.
@@ -473,10 +478,16 @@ impl HttpContext for Http {
         if let Err(status) = host::set_header(Map::ResponseHeaders, SERVED, &served) {
             log::warn!("cannot set {SERVED}: status {status}");
         }
-        if self.rt.sessions {
+        if let Some(s) = self
+            .rt
+            .session
+            .as_ref()
+            .filter(|s| s.strategy == Strategy::EncodedEndpoint)
+        {
             let token = session_affinity::token(&served);
-            if let Err(status) = host::set_header(Map::ResponseHeaders, SESSION_TOKEN, &token) {
-                log::warn!("cannot set {SESSION_TOKEN}: status {status}");
+            let header = s.headers.first().map_or(SESSION_TOKEN, String::as_str);
+            if let Err(status) = host::set_header(Map::ResponseHeaders, header, &token) {
+                log::warn!("cannot set {header}: status {status}");
             }
         }
         Action::Continue

@@ -10,7 +10,7 @@ use super::stats::Update;
 use super::{feedback, host, host::Map, latency, stats, store::HostStore, vm};
 use crate::config::PassiveHealth;
 use crate::errors::ApiError;
-use crate::headers::{DESTINATION, DROPPED_REASON, PREFILLER, PRIMARY, RETRY_AFTER};
+use crate::headers::{DESTINATION, DROPPED_REASON, ENCODERS, PREFILLER, PRIMARY, RETRY_AFTER};
 use crate::health::Outcome;
 use crate::inflight;
 use crate::latency::Slo;
@@ -131,6 +131,12 @@ pub fn route(
             prediction_based: input.prediction_based,
             latency: view.as_ref(),
             unrendered_chat,
+            peer: None,
+            // One more read of the body, only with a multimodal encode decider.
+            multimodal: rt.scheduler.reads_multimodal()
+                && input.body_bytes > 0
+                && host::request_body(input.body_bytes)
+                    .is_ok_and(|b| crate::openai::multimodal::has_parts(&b)),
         },
         tokens,
         vm: vm_id,
@@ -195,15 +201,25 @@ pub fn route(
             }
         }
     }
-    let (targets, prefill, disaggregated, hit, estimate, expected) = match outcome.routed {
+    let (targets, prefill, disaggregated, encoders, hit, estimate, expected) = match outcome.routed
+    {
         Routed::Chosen {
             targets,
             prefill,
             disaggregated,
+            encoders,
             hit,
             estimate,
             expected,
-        } => (targets, prefill, disaggregated, hit, estimate, expected),
+        } => (
+            targets,
+            prefill,
+            disaggregated,
+            encoders,
+            hit,
+            estimate,
+            expected,
+        ),
         Routed::Shed { why } => {
             let error = ApiError {
                 status: 429,
@@ -241,6 +257,12 @@ pub fn route(
         log::error!("cannot set {DESTINATION}: status {status}");
         release(vm_id, &primary, tokens, host::clock_us(), None);
         return failed(&input.target, "the gateway could not route the request");
+    }
+    if !encoders.is_empty() {
+        let list = encoders.join(",");
+        if let Err(status) = host::set_header(Map::RequestHeaders, ENCODERS, &list) {
+            log::warn!("cannot set {ENCODERS}: status {status}");
+        }
     }
     if let Some(p) = prefill {
         if let Err(status) = host::set_header(Map::RequestHeaders, PREFILLER, &p) {

@@ -10,12 +10,16 @@ use crate::datalayer::Settings;
 use crate::flow_control::config::{FlowControlConfig, PluginRef};
 use crate::prefix::{self, PrefixConfig};
 use crate::registry::{self, Built, Role};
+use crate::scheduler::filters::session_affinity as session_filter;
+use crate::scheduler::filters::topology_affinity;
 use crate::scheduler::handlers::pd::Disagg;
 use crate::scheduler::handlers::single::{self, Single};
 use crate::scheduler::handlers::slo_aware::{self, SloAware};
 use crate::scheduler::handlers::Handler;
 use crate::scheduler::profile::{Named, WeightedScorer};
+use crate::scheduler::scorers::topology_affinity as topology_scorer;
 use crate::scheduler::scorers::{prefix_cache, session_affinity};
+use crate::scheduler::session::Session;
 use crate::scheduler::{Profile, Scheduler};
 use std::collections::BTreeMap;
 
@@ -33,11 +37,16 @@ pub fn build(doc: EndpointPickerConfig, resolved: Resolved) -> Result<Runtime, C
                 format!("unknown plugin type \"{}\"", p.type_name),
             ));
         };
+        let parameters = with_topology_labels(&resolved, p, i)?;
         built.insert(
             p.name.as_str(),
-            (t.build)(&p.parameters, &params_path(p, i))?,
+            (t.build)(
+                parameters.as_ref().unwrap_or(&p.parameters),
+                &params_path(p, i),
+            )?,
         );
     }
+    check_producer_names(&resolved)?;
     let profiles = profiles(&resolved, &built)?;
     let handler = handler(&resolved, &built)?;
     let latency = resolved
@@ -69,22 +78,90 @@ pub fn build(doc: EndpointPickerConfig, resolved: Resolved) -> Result<Runtime, C
             .iter()
             .find_map(|p| built.get(p.name.as_str()).and_then(|b| b.precise.clone())),
         slo_admitter: built.values().any(|b| b.slo_admitter),
+        probabilistic: built.values().find_map(|b| b.probabilistic.clone()),
         latency,
     };
     let data_layer = data_layer(&resolved, &built);
     let flow = flow_settings(&doc, &resolved, &built)?;
-    let sessions = resolved
-        .plugins
-        .iter()
-        .any(|p| p.type_name == session_affinity::TYPE);
+    let session = session_header(&resolved)?;
     Ok(Runtime {
         pool: doc.pool,
         resolved,
         scheduler,
         data_layer,
         flow,
-        sessions,
+        session,
     })
+}
+
+/// The topology filter's and scorer's parameters with the label names of the
+/// `topology-extractor` they read (`topologyProducerName`, else the first declared) as
+/// `topologyLabels`; `None`: the plugin's own parameters as they are.
+fn with_topology_labels(
+    resolved: &Resolved,
+    p: &PluginSpec,
+    i: usize,
+) -> Result<Option<serde_json::Value>, ConfigError> {
+    if p.type_name != topology_affinity::TYPE && p.type_name != topology_scorer::TYPE {
+        return Ok(None);
+    }
+    let extractors = || {
+        resolved
+            .plugins
+            .iter()
+            .filter(|q| q.type_name == topology_affinity::EXTRACTOR_TYPE)
+    };
+    let extractor = match p
+        .parameters
+        .get("topologyProducerName")
+        .and_then(|v| v.as_str())
+    {
+        Some(name) => Some(extractors().find(|q| q.name == name).ok_or_else(|| {
+            err(
+                &format!("{}.topologyProducerName", params_path(p, i)),
+                format!("\"{name}\" is not a declared topology-extractor"),
+            )
+        })?),
+        None => extractors().next(),
+    };
+    let Some(extractor) = extractor else {
+        return Ok(None);
+    };
+    let mut params = match &p.parameters {
+        serde_json::Value::Object(o) => o.clone(),
+        _ => serde_json::Map::new(),
+    };
+    params.insert(
+        topology_affinity::LABELS_PARAMETER.to_string(),
+        extractor.parameters.clone(),
+    );
+    Ok(Some(serde_json::Value::Object(params)))
+}
+
+/// The one session header of the session-affinity plugins (none configured: `None`).
+fn session_header(resolved: &Resolved) -> Result<Option<Session>, ConfigError> {
+    let mut found: Option<Session> = None;
+    for (i, p) in resolved.plugins.iter().enumerate() {
+        if p.type_name != session_affinity::TYPE && p.type_name != session_filter::TYPE {
+            continue;
+        }
+        let path = params_path(p, i);
+        let s = Session::from_parameters(&p.parameters, &path)?;
+        match &found {
+            Some(f) if *f != s => {
+                return Err(err(
+                    &path,
+                    format!(
+                        "reads session header(s) {:?} ({:?}), but another session plugin reads {:?} ({:?}): one session header per configuration",
+                        s.headers, s.strategy, f.headers, f.strategy
+                    ),
+                ))
+            }
+            Some(_) => {}
+            None => found = Some(s),
+        }
+    }
+    Ok(found)
 }
 
 fn profiles(
@@ -154,7 +231,7 @@ fn handler(resolved: &Resolved, built: &BTreeMap<&str, Built>) -> Result<Handler
     else {
         return Ok(Handler::Single(Single));
     };
-    if h.type_name == single::TYPE {
+    if h.type_name == single::TYPE || h.type_name == single::DATA_PARALLEL_TYPE {
         return Ok(Handler::Single(Single));
     }
     let names: Vec<&str> = resolved.profiles.iter().map(|p| p.name.as_str()).collect();
@@ -166,6 +243,40 @@ fn handler(resolved: &Resolved, built: &BTreeMap<&str, Built>) -> Result<Handler
         built.get(name).and_then(|b| b.decider.clone())
     })?;
     Ok(Handler::Disagg(disagg))
+}
+
+/// The prefix producers a `prefixMatchInfoProducerName` may name.
+const PREFIX_PRODUCERS: &[&str] = &[
+    prefix::PRODUCER_TYPE,
+    prefix::precise::PRODUCER_TYPE,
+    prefix::burst::TYPE,
+    prefix::precise::TYPE,
+];
+
+/// Every `prefixMatchInfoProducerName` names a declared prefix producer.
+fn check_producer_names(resolved: &Resolved) -> Result<(), ConfigError> {
+    for (i, p) in resolved.plugins.iter().enumerate() {
+        let Some(name) = p
+            .parameters
+            .get(prefix_cache::PRODUCER_NAME)
+            .and_then(|v| v.as_str())
+        else {
+            continue;
+        };
+        let ok = resolved
+            .plugin(name)
+            .is_some_and(|q| PREFIX_PRODUCERS.contains(&q.type_name.as_str()));
+        if !ok {
+            return Err(err(
+                &format!("{}.{}", params_path(p, i), prefix_cache::PRODUCER_NAME),
+                format!(
+                    "\"{name}\" is not a declared prefix producer ({})",
+                    PREFIX_PRODUCERS.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The prefix index's parameters when any plugin reads prefix matches: the producer's,
@@ -183,16 +294,22 @@ fn prefix_config(resolved: &Resolved, built: &BTreeMap<&str, Built>) -> Option<P
     };
     Some(
         carried(prefix::PRODUCER_TYPE)
+            .or_else(|| carried(prefix::burst::TYPE))
             .or_else(|| carried(prefix_cache::TYPE))
             .or_else(|| carried(prefix_cache::ALIAS))
             .unwrap_or_default(),
     )
 }
 
-/// The first source's settings with its first extractor's mapping (no source:
-/// collection disabled).
+/// The first metrics source's settings with its first metrics extractor's mapping (no
+/// metrics source: collection disabled). Other sources (`endpoint-notification-source`)
+/// scrape nothing: their extractors take their state from elsewhere (kv-relay).
 fn data_layer(resolved: &Resolved, built: &BTreeMap<&str, Built>) -> Settings {
-    let Some(source) = resolved.data_sources.first() else {
+    let Some(source) = resolved.data_sources.iter().find(|s| {
+        built
+            .get(s.plugin_ref.as_str())
+            .is_some_and(|b| b.source.is_some())
+    }) else {
         return Settings {
             enabled: false,
             ..Settings::default()
@@ -204,9 +321,8 @@ fn data_layer(resolved: &Resolved, built: &BTreeMap<&str, Built>) -> Settings {
         .unwrap_or_default();
     if let Some(mapping) = source
         .extractors
-        .first()
-        .and_then(|e| built.get(e.as_str()))
-        .and_then(|b| b.extractor.clone())
+        .iter()
+        .find_map(|e| built.get(e.as_str()).and_then(|b| b.extractor.clone()))
     {
         settings.mapping = mapping;
     }

@@ -76,6 +76,12 @@ pub fn resolve(doc: &EndpointPickerConfig) -> Result<Resolved, ConfigError> {
     }
     // Every declared type must be registered.
     for (i, p) in plugins.iter().enumerate() {
+        if let Some(why) = registry::refused(&p.type_name) {
+            return Err(err(
+                &format!("plugins[{}].type", p.index.unwrap_or(i)),
+                format!("\"{}\" is not supported: {why}", p.type_name),
+            ));
+        }
         if registry::roles(&p.type_name).is_none() {
             return Err(err(
                 &format!("plugins[{}].type", p.index.unwrap_or(i)),
@@ -90,7 +96,11 @@ pub fn resolve(doc: &EndpointPickerConfig) -> Result<Resolved, ConfigError> {
     ensure_scheduling_layer(&mut plugins, &mut profiles)?;
     let saturation_detector =
         ensure_saturation_detector(doc.saturation_detector.as_ref(), &mut plugins)?;
-    let data_sources = ensure_data_layer(doc.data_sources.as_ref(), &mut plugins)?;
+    let data_sources = ensure_data_layer(
+        doc.data_sources.as_ref(),
+        doc.inject_data_defaults,
+        &mut plugins,
+    )?;
     let parser = match &doc.parser {
         Some(name) => {
             require_role(
@@ -267,11 +277,11 @@ fn ensure_scheduling_layer(
         [one] => {
             let p = plugins.get(*one).map(|p| (p.type_name.clone(), p.index));
             if let Some((t, index)) = p {
-                if t == single::TYPE && profiles.len() != 1 {
+                if (t == single::TYPE || t == single::DATA_PARALLEL_TYPE) && profiles.len() != 1 {
                     return Err(err(
                         &format!("plugins[{}]", index.unwrap_or(*one)),
                         format!(
-                            "single-profile-handler runs exactly one profile, but {} are configured",
+                            "{t} runs exactly one profile, but {} are configured",
                             profiles.len()
                         ),
                     ));
@@ -326,37 +336,54 @@ fn ensure_saturation_detector(
     Ok(name)
 }
 
+/// The data sources: the declared ones, checked; with none declared, the default metrics
+/// source and extractor. When sources are declared but none is a `metrics-data-source`
+/// (e.g. only llm-d-router's `endpoint-notification-source`), the default one is added
+/// after them unless `dataLayer.injectDefaults` is false, as llm-d-router's
+/// `ensureDataLayer` does. `sources: []` still disables collection (our documented
+/// switch; llm-d-router would inject the default there too).
 fn ensure_data_layer(
     declared: Option<&Vec<SourceSpec>>,
+    inject: bool,
     plugins: &mut Vec<PluginSpec>,
 ) -> Result<Vec<SourceSpec>, ConfigError> {
-    let Some(sources) = declared else {
-        // The default source and extractor (`ensureDataLayer`).
-        for t in [source::TYPE, mapping::EXTRACTOR_TYPE] {
-            if !plugins.iter().any(|p| p.name == t) {
-                plugins.push(plugin(t));
+    let mut out = Vec::new();
+    if let Some(sources) = declared {
+        for (i, s) in sources.iter().enumerate() {
+            let path = format!("dataLayer.sources[{i}].pluginRef");
+            require_role(plugins, &s.plugin_ref, Role::DataSource, &path, &[])?;
+            for (j, e) in s.extractors.iter().enumerate() {
+                let path = format!("dataLayer.sources[{i}].extractors[{j}].pluginRef");
+                require_role(plugins, e, Role::Extractor, &path, &[])?;
             }
         }
-        let source = plugins
-            .iter()
-            .find(|p| p.type_name == source::TYPE)
-            .map_or(source::TYPE.to_string(), |p| p.name.clone());
-        let extractor = plugins
-            .iter()
-            .find(|p| p.type_name == mapping::EXTRACTOR_TYPE)
-            .map_or(mapping::EXTRACTOR_TYPE.to_string(), |p| p.name.clone());
-        return Ok(vec![SourceSpec {
-            plugin_ref: source,
-            extractors: vec![extractor],
-        }]);
-    };
-    for (i, s) in sources.iter().enumerate() {
-        let path = format!("dataLayer.sources[{i}].pluginRef");
-        require_role(plugins, &s.plugin_ref, Role::DataSource, &path, &[])?;
-        for (j, e) in s.extractors.iter().enumerate() {
-            let path = format!("dataLayer.sources[{i}].extractors[{j}].pluginRef");
-            require_role(plugins, e, Role::Extractor, &path, &[])?;
+        let has_metrics = sources.iter().any(|s| {
+            plugins
+                .iter()
+                .any(|p| p.name == s.plugin_ref && p.type_name == source::TYPE)
+        });
+        if sources.is_empty() || has_metrics || !inject {
+            return Ok(sources.clone());
+        }
+        out.clone_from(sources);
+    }
+    // The default source and extractor (`ensureDataLayer`).
+    for t in [source::TYPE, mapping::EXTRACTOR_TYPE] {
+        if !plugins.iter().any(|p| p.name == t) {
+            plugins.push(plugin(t));
         }
     }
-    Ok(sources.clone())
+    let source = plugins
+        .iter()
+        .find(|p| p.type_name == source::TYPE)
+        .map_or(source::TYPE.to_string(), |p| p.name.clone());
+    let extractor = plugins
+        .iter()
+        .find(|p| p.type_name == mapping::EXTRACTOR_TYPE)
+        .map_or(mapping::EXTRACTOR_TYPE.to_string(), |p| p.name.clone());
+    out.push(SourceSpec {
+        plugin_ref: source,
+        extractors: vec![extractor],
+    });
+    Ok(out)
 }

@@ -72,8 +72,9 @@ pub struct Runtime {
     pub data_layer: Settings,
     /// Flow control and admission.
     pub flow: FlowSettings,
-    /// Whether a session-affinity scorer is configured (read `x-session-token`, write it back).
-    pub sessions: bool,
+    /// The session header the session-affinity plugins read (and, with
+    /// `encoded_endpoint_header`, write back), when one is configured.
+    pub session: Option<crate::scheduler::session::Session>,
 }
 
 impl Runtime {

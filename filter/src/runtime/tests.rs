@@ -204,10 +204,10 @@ fn a_pd_configuration_builds_the_disagg_handler() {
             );
             assert_eq!(
                 d.decider,
-                crate::scheduler::handlers::pd::Decider::PrefixBased {
+                Some(crate::scheduler::handlers::pd::Decider::PrefixBased {
                     non_cached_tokens: 8,
                     prompt_tokens: 0
-                }
+                })
             );
         }
         other => panic!("{other:?}"),

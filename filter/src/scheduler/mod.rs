@@ -13,6 +13,7 @@ pub mod handlers;
 pub mod pickers;
 pub mod profile;
 pub mod scorers;
+pub mod session;
 
 use crate::latency::{self, Estimate, Prediction, Slo};
 use crate::prefix::hash::hash_prompt;
@@ -49,6 +50,12 @@ pub struct Request<'a> {
     pub prediction_based: Option<bool>,
     /// The predictor's state and the SLO requests running (with a latency producer).
     pub latency: Option<&'a latency::View>,
+    /// The endpoint an earlier stage of this request chose (P/D: the decode pick, while
+    /// the prefill profile runs), for the topology plugins; `None` otherwise.
+    pub peer: Option<usize>,
+    /// Whether the body carries multimodal parts (`image_url`, `video_url`,
+    /// `input_audio`), for `always-disagg-multimodal-decider`.
+    pub multimodal: bool,
     /// A chat request the filter could not render as the servers' chat template does
     /// (`precise-prefix-cache-scorer` with `tokenizer: relay`): precise matching falls
     /// back to the approximate index for it.
@@ -265,6 +272,8 @@ pub struct Decision {
     pub block_size_tokens: u32,
     /// Whether P/D disaggregation was decided.
     pub disaggregated: bool,
+    /// The encode endpoints (E/P/D), when the encode stage ran.
+    pub encoders: Vec<usize>,
     /// Features and predictions per candidate (empty without a latency producer).
     pub estimates: Vec<Estimate>,
     /// The prompt's block keys as the relay keys them (for speculative entries; empty
@@ -295,6 +304,11 @@ pub enum ScheduleError {
         /// The request's objectives.
         slo: Slo,
     },
+    /// `probabilistic-admitter`: a sheddable request shed at this saturation.
+    Shed {
+        /// The candidates' saturation.
+        saturation: f64,
+    },
 }
 
 impl std::fmt::Display for ScheduleError {
@@ -304,6 +318,10 @@ impl std::fmt::Display for ScheduleError {
             ScheduleError::NoEndpoints { profile } => write!(
                 f,
                 "no model server endpoint is available (every endpoint was filtered out by profile \"{profile}\")"
+            ),
+            ScheduleError::Shed { saturation } => write!(
+                f,
+                "sheddable request dropped: the pool is at saturation {saturation:.2} (probabilistic-admitter)"
             ),
             ScheduleError::SloUnattainable { slo } => {
                 let mut parts = Vec::new();
@@ -355,9 +373,20 @@ pub struct Scheduler {
     pub latency: Option<latency::Settings>,
     /// `latency-slo-admitter`: sheddable requests no endpoint can serve are refused.
     pub slo_admitter: bool,
+    /// `probabilistic-admitter`: sheddable requests shed with a probability rising with
+    /// the candidates' saturation.
+    pub probabilistic: Option<crate::flow_control::probabilistic::Probabilistic>,
 }
 
 impl Scheduler {
+    /// Whether the handler decides on the request's multimodal parts (an encode stage
+    /// with `always-disagg-multimodal-decider`): only then is the body scanned for them.
+    pub fn reads_multimodal(&self) -> bool {
+        matches!(&self.handler, Handler::Disagg(d)
+            if matches!(d.encode, Some((_, handlers::pd::Decider::Multimodal)))
+                || d.decider == Some(handlers::pd::Decider::Multimodal))
+    }
+
     /// The profile called `name`.
     pub fn profile(&self, name: &str) -> Option<&Profile> {
         self.profiles.iter().find(|p| p.name == name)
@@ -468,6 +497,14 @@ impl Scheduler {
         if candidates.is_empty() {
             return Err(ScheduleError::NoCandidates);
         }
+        if let Some(admitter) = &self.probabilistic {
+            if request.priority < 0 && admitter.sheds(request.priority, candidates, rng.next_f64())
+            {
+                return Err(ScheduleError::Shed {
+                    saturation: admitter.saturation(candidates),
+                });
+            }
+        }
         let Prepared {
             hashes,
             matches: prefix,
@@ -525,6 +562,7 @@ impl Scheduler {
             prior,
             block_size_tokens,
             disaggregated: outcome.disaggregated,
+            encoders: outcome.encoders,
             estimates,
             precise_keys,
         })
@@ -598,6 +636,18 @@ pub mod testing {
             estimates: &[],
         };
         f(&cx)
+    }
+
+    /// A cycle over `candidates` for `request`, with no prefix or latency information.
+    pub fn cycle_for<'a>(request: &'a Request<'a>, candidates: &'a [Candidate]) -> Cycle<'a> {
+        Cycle {
+            request,
+            candidates,
+            prefix: &[],
+            prior: &[],
+            rendezvous_key: None,
+            estimates: &[],
+        }
     }
 
     /// All indices of `candidates`.

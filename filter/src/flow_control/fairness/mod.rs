@@ -1,6 +1,7 @@
 //! Tier 2: which flow (tenant) of a priority band gets the next dispatch.
 
 pub mod global_strict;
+pub mod program_aware;
 pub mod round_robin;
 
 use super::ordering::OrderKey;
@@ -21,26 +22,38 @@ pub enum FairnessPolicy {
     GlobalStrict,
     /// `round-robin-fairness-policy`: flows take turns, in fairness-id order.
     RoundRobin,
+    /// `program-aware-fairness`: least attained service first.
+    ProgramAware(program_aware::Las),
 }
 
 impl FairnessPolicy {
     /// Every policy type name, for error messages.
-    pub const TYPES: [&'static str; 2] = [global_strict::TYPE, round_robin::TYPE];
+    pub const TYPES: [&'static str; 3] =
+        [global_strict::TYPE, round_robin::TYPE, program_aware::TYPE];
 
     /// The policy of a plugin type name.
     pub fn from_type(type_name: &str) -> Option<Self> {
         match type_name {
             global_strict::TYPE => Some(Self::GlobalStrict),
             round_robin::TYPE => Some(Self::RoundRobin),
+            program_aware::TYPE => Some(Self::ProgramAware(program_aware::Las::default())),
             _ => None,
         }
     }
 
-    /// Index into `flows` of the flow to serve; `last` is the band's round-robin cursor.
-    pub fn pick(&self, flows: &[FlowHead<'_>], last: Option<&str>) -> Option<usize> {
+    /// Index into `flows` of the flow to serve; `last` is the band's round-robin cursor;
+    /// `service[i]` is flow `i`'s attained service (read by `program-aware-fairness`
+    /// only; empty: none recorded).
+    pub fn pick(
+        &self,
+        flows: &[FlowHead<'_>],
+        last: Option<&str>,
+        service: &[f64],
+    ) -> Option<usize> {
         match self {
             Self::GlobalStrict => global_strict::pick(flows),
             Self::RoundRobin => round_robin::pick(flows, last),
+            Self::ProgramAware(las) => las.pick(flows, service),
         }
     }
 }
@@ -72,10 +85,10 @@ mod conformance {
     #[wasm_bindgen_test(unsupported = test)]
     fn no_flow_means_no_pick_and_one_flow_is_always_picked() {
         for p in policies() {
-            assert_eq!(p.pick(&[], None), None, "{p:?}");
-            assert_eq!(p.pick(&[head("a", 5)], None), Some(0), "{p:?}");
-            assert_eq!(p.pick(&[head("a", 5)], Some("a")), Some(0), "{p:?}");
-            assert_eq!(p.pick(&[head("a", 5)], Some("z")), Some(0), "{p:?}");
+            assert_eq!(p.pick(&[], None, &[]), None, "{p:?}");
+            assert_eq!(p.pick(&[head("a", 5)], None, &[]), Some(0), "{p:?}");
+            assert_eq!(p.pick(&[head("a", 5)], Some("a"), &[]), Some(0), "{p:?}");
+            assert_eq!(p.pick(&[head("a", 5)], Some("z"), &[]), Some(0), "{p:?}");
         }
     }
 
@@ -84,7 +97,7 @@ mod conformance {
         let flows = [head("a", 9), head("b", 3), head("c", 7)];
         for p in policies() {
             for last in [None, Some("a"), Some("b"), Some("c"), Some("zz")] {
-                let i = p.pick(&flows, last).expect("a flow is picked");
+                let i = p.pick(&flows, last, &[]).expect("a flow is picked");
                 assert!(i < flows.len(), "{p:?} picked {i}");
             }
         }
@@ -102,7 +115,7 @@ mod conformance {
             for round in 0..30 {
                 let flows: Vec<FlowHead<'_>> =
                     ids.iter().zip(keys).map(|(id, k)| head(id, k)).collect();
-                let i = p.pick(&flows, last).unwrap();
+                let i = p.pick(&flows, last, &[]).unwrap();
                 served[i] += 1;
                 last = Some(ids[i]);
                 keys[i] = 100 + round;

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `decode-endpoints-filter` (`decode-filter`) | decode, prefill-decode, both, encode-prefill-decode, and endpoints **without** the label |
 //! | `prefill-endpoints-filter` (`prefill-filter`) | prefill, encode-prefill, prefill-decode, both, encode-prefill-decode |
+//! | `encode-filter` | encode, encode-prefill, encode-prefill-decode |
 
 use crate::config::{ConfigError, Params};
 use crate::rng::Rng;
@@ -15,6 +16,8 @@ use serde_json::Value;
 pub const PREFILL_TYPES: [&str; 2] = ["prefill-endpoints-filter", "prefill-filter"];
 /// Type names in `EndpointPickerConfig`: the decode filter and its short name.
 pub const DECODE_TYPES: [&str; 2] = ["decode-endpoints-filter", "decode-filter"];
+/// Type name of the encode filter (llm-d-router's E/P/D).
+pub const ENCODE_TYPE: &str = "encode-filter";
 
 /// Which role a filter keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +26,8 @@ pub enum Role {
     Prefill,
     /// Decode-capable endpoints (and unlabelled ones).
     Decode,
+    /// Encode-capable endpoints (multimodal encoders).
+    Encode,
 }
 
 impl Role {
@@ -30,7 +35,10 @@ impl Role {
     pub fn accepts(self, value: Option<&str>) -> bool {
         match (self, value) {
             (Role::Decode, None) => true,
-            (Role::Prefill, None) => false,
+            (Role::Prefill | Role::Encode, None) => false,
+            (Role::Encode, Some(v)) => {
+                matches!(v, "encode" | "encode-prefill" | "encode-prefill-decode")
+            }
             (Role::Decode, Some(v)) => matches!(
                 v,
                 "decode" | "prefill-decode" | "both" | "encode-prefill-decode" | "encode-decode"
@@ -97,5 +105,24 @@ mod tests {
             with_cycle(&c, &[], |cx| prefill.filter(cx, all(&c), &mut rng)),
             vec![0, 2]
         );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_encode_filter_keeps_encoders_only() {
+        let mut c = candidates(&[(0, 0, 0.0); 5]);
+        for (i, role) in ["encode", "encode-prefill", "decode", "prefill"]
+            .iter()
+            .enumerate()
+        {
+            c[i].labels.insert(ROLE_LABEL.into(), role.to_string());
+        }
+        let mut rng = Rng::new(0);
+        let encode = RoleFilter { role: Role::Encode };
+        assert_eq!(
+            with_cycle(&c, &[], |cx| encode.filter(cx, all(&c), &mut rng)),
+            vec![0, 1]
+        );
+        assert!(!Role::Encode.accepts(None));
+        assert!(Role::Encode.accepts(Some("encode-prefill-decode")));
     }
 }

@@ -22,6 +22,8 @@ pub struct Outcome {
     pub prefill: Option<usize>,
     /// Whether disaggregation was decided (even if no prefill endpoint was found).
     pub disaggregated: bool,
+    /// The encode endpoints, when the encode stage ran (E/P/D).
+    pub encoders: Vec<usize>,
 }
 
 /// The configured handler.

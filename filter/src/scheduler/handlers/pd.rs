@@ -27,6 +27,9 @@ pub const TYPE: &str = "disagg-profile-handler";
 pub const PREFIX_BASED_DECIDER: &str = "prefix-based-pd-decider";
 /// The always-disaggregate decider's type name.
 pub const ALWAYS_DECIDER: &str = "always-disagg-pd-decider";
+/// The encode-stage decider's type name (E/P/D): encode when the request has
+/// multimodal parts.
+pub const MULTIMODAL_DECIDER: &str = "always-disagg-multimodal-decider";
 /// The handler's parameters.
 pub const PARAMETERS: &[&str] = &["profiles", "deciders", "stageOrder"];
 
@@ -38,6 +41,8 @@ pub const ROLE_LABEL: &str = "llm-d.ai/role";
 pub enum Decider {
     /// `always-disagg-pd-decider`.
     Always,
+    /// `always-disagg-multimodal-decider`: the request has multimodal parts.
+    Multimodal,
     /// `prefix-based-pd-decider`.
     PrefixBased {
         /// Uncached prompt tokens that justify a remote prefill (0 = never).
@@ -51,8 +56,19 @@ impl Decider {
     /// The decision for a request of `prompt_tokens` whose decode endpoint has
     /// `cached_blocks` blocks of `block_size_tokens` cached (`None`: no match information).
     pub fn decide(&self, prompt_tokens: u64, cached: Option<(u64, u64)>) -> bool {
+        self.decide_for(false, prompt_tokens, cached)
+    }
+
+    /// [`Decider::decide`] for a request that has (`multimodal`) multimodal parts or not.
+    pub fn decide_for(
+        &self,
+        multimodal: bool,
+        prompt_tokens: u64,
+        cached: Option<(u64, u64)>,
+    ) -> bool {
         match self {
             Decider::Always => true,
+            Decider::Multimodal => multimodal,
             Decider::PrefixBased {
                 non_cached_tokens,
                 prompt_tokens: gate,
@@ -77,8 +93,10 @@ pub struct Disagg {
     pub decode: String,
     /// Prefill profile name.
     pub prefill: String,
-    /// The prefill decider.
-    pub decider: Decider,
+    /// The prefill decider; `None`: no prefill stage (`deciders` given without `prefill`).
+    pub decider: Option<Decider>,
+    /// The encode stage: its profile and decider (`deciders.encode`).
+    pub encode: Option<(String, Decider)>,
 }
 
 impl Disagg {
@@ -102,13 +120,44 @@ impl Disagg {
             let m = cx.prefix_match(i);
             Some((u64::from(m.matched), u64::from(m.block_size_tokens)))
         });
-        let disaggregated = self.decider.decide(cx.request.input_tokens(), cached);
+        let multimodal = cx.request.multimodal;
+        let tokens = cx.request.input_tokens();
+        let disaggregated = self
+            .decider
+            .as_ref()
+            .is_some_and(|d| d.decide_for(multimodal, tokens, cached));
+        let encoding = self
+            .encode
+            .as_ref()
+            .filter(|(_, d)| d.decide_for(multimodal, tokens, cached));
         probe.record("ProfilePicker", "disagg-profile-handler", "decider", start);
+        // Later stages see the decode pick as the request's peer (topology plugins).
+        let staged = super::super::Request {
+            peer: primary.targets.first().copied(),
+            ..*cx.request
+        };
+        let scx = Cycle {
+            request: &staged,
+            candidates: cx.candidates,
+            prefix: cx.prefix,
+            prior: cx.prior,
+            rendezvous_key: cx.rendezvous_key,
+            estimates: cx.estimates,
+        };
+        let mut encoders = Vec::new();
+        if let Some((name, _)) = encoding {
+            if let Some(p) = scheduler.profile(name) {
+                encoders = p
+                    .run(&scx, rng, probe)
+                    .map(|r| r.targets)
+                    .unwrap_or_default();
+            }
+        }
         let mut prefill = None;
         if disaggregated {
             if let Some(p) = scheduler.profile(&self.prefill) {
                 prefill = p
-                    .run(cx, rng, probe)
+                    .run(&scx, rng, probe)
                     .ok()
                     .and_then(|r| r.targets.first().copied());
             }
@@ -117,6 +166,7 @@ impl Disagg {
             primary,
             prefill,
             disaggregated,
+            encoders,
         })
     }
 }
@@ -146,12 +196,21 @@ impl Decider {
         Params::new(Some(v), path, &[])?;
         Ok(Decider::Always)
     }
+
+    /// `always-disagg-multimodal-decider` from its `parameters` (it takes none).
+    pub fn multimodal(v: &Value, path: &str) -> Result<Self, ConfigError> {
+        Params::new(Some(v), path, &[])?;
+        Ok(Decider::Multimodal)
+    }
 }
 
 impl Disagg {
-    /// Builds the handler from its `parameters` (`path`): `profiles` (`decode`, `prefill`
-    /// profile names, which must exist among `profiles`), `deciders.prefill` (a declared
-    /// decider, looked up with `decider`) and `stageOrder` (only `decode-first`).
+    /// Builds the handler from its `parameters` (`path`): `profiles` (`decode`, `prefill`,
+    /// `encode` profile names), `deciders` (`prefill`, `encode`: declared deciders, looked
+    /// up with `decider`) and `stageOrder` (only `decode-first`). With `deciders` given, a
+    /// stage runs only if its decider is named (llm-d-router); without `deciders`, the
+    /// prefill stage runs for every request (the v1 handler's default). Every profile a
+    /// stage needs must exist among `profiles`.
     pub fn from_parameters(
         v: &Value,
         path: &str,
@@ -159,53 +218,70 @@ impl Disagg {
         decider: impl Fn(&str) -> Option<Decider>,
     ) -> Result<Self, ConfigError> {
         let params = Params::new(Some(v), path, PARAMETERS)?;
-        let mut decode = "decode".to_string();
-        let mut prefill = "prefill".to_string();
-        if let Some(v) = params.get("profiles") {
-            let pp = Params::new(
-                Some(v),
-                &params.path("profiles"),
-                &["decode", "prefill", "encode"],
-            )?;
-            decode = pp.string("decode", "decode")?;
-            prefill = pp.string("prefill", "prefill")?;
-            for (field, name) in [("decode", &decode), ("prefill", &prefill)] {
-                if !profiles.contains(&name.as_str()) {
-                    return Err(err(
-                        &pp.path(field),
-                        format!("no scheduling profile is named \"{name}\""),
-                    ));
-                }
-            }
-        } else {
-            for name in [&decode, &prefill] {
-                if !profiles.contains(&name.as_str()) {
-                    return Err(err(
-                        path,
-                        format!("disagg-profile-handler needs a scheduling profile named \"{name}\" (or set profiles.{name})"),
-                    ));
-                }
-            }
-        }
         params.only("stageOrder", "decode-first")?;
-        let mut chosen = Decider::Always;
-        if let Some(v) = params.get("deciders") {
-            let dp = Params::new(Some(v), &params.path("deciders"), &["prefill", "encode"])?;
-            if let Some(r) = dp.get("prefill") {
-                let rp = dp.path("prefill");
-                let name = as_str(r, &rp)?;
-                chosen = decider(name).ok_or_else(|| {
-                    err(
-                        &rp,
-                        format!("\"{name}\" is not a declared P/D decider plugin"),
-                    )
-                })?;
+        let names = params
+            .get("profiles")
+            .map(|v| {
+                Params::new(
+                    Some(v),
+                    &params.path("profiles"),
+                    &["decode", "prefill", "encode"],
+                )
+            })
+            .transpose()?;
+        let name_of = |stage: &str| -> Result<String, ConfigError> {
+            match &names {
+                Some(pp) => pp.string(stage, stage),
+                None => Ok(stage.to_string()),
             }
+        };
+        let require = |stage: &str, name: &str| -> Result<(), ConfigError> {
+            if profiles.contains(&name) {
+                return Ok(());
+            }
+            Err(match names.as_ref().filter(|pp| pp.get(stage).is_some()) {
+                Some(pp) => err(
+                    &pp.path(stage),
+                    format!("no scheduling profile is named \"{name}\""),
+                ),
+                None => err(
+                    path,
+                    format!("disagg-profile-handler needs a scheduling profile named \"{name}\" (or set profiles.{stage})"),
+                ),
+            })
+        };
+        let decode = name_of("decode")?;
+        let prefill = name_of("prefill")?;
+        let encode_profile = name_of("encode")?;
+        require("decode", &decode)?;
+        let (prefill_decider, encode_decider) = match params.get("deciders") {
+            None => (Some(Decider::Always), None),
+            Some(v) => {
+                let dp = Params::new(Some(v), &params.path("deciders"), &["prefill", "encode"])?;
+                let named = |stage: &str| -> Result<Option<Decider>, ConfigError> {
+                    let Some(r) = dp.get(stage) else {
+                        return Ok(None);
+                    };
+                    let rp = dp.path(stage);
+                    let name = as_str(r, &rp)?;
+                    decider(name).map(Some).ok_or_else(|| {
+                        err(&rp, format!("\"{name}\" is not a declared decider plugin"))
+                    })
+                };
+                (named("prefill")?, named("encode")?)
+            }
+        };
+        if prefill_decider.is_some() {
+            require("prefill", &prefill)?;
+        }
+        if encode_decider.is_some() {
+            require("encode", &encode_profile)?;
         }
         Ok(Self {
             decode,
             prefill,
-            decider: chosen,
+            decider: prefill_decider,
+            encode: encode_decider.map(|d| (encode_profile, d)),
         })
     }
 }

@@ -77,6 +77,7 @@ impl SloAware {
             primary,
             prefill: None,
             disaggregated: false,
+            encoders: Vec::new(),
         })
     }
 }

@@ -5,16 +5,21 @@
 //! | `kv-cache-utilization-scorer` | [`kv_cache`] | `1 − kv_usage` |
 //! | `queue-scorer` (`queue-depth-scorer`) | [`queue`] | `(maxQ − q)/(maxQ − minQ)`, all equal → 1 |
 //! | `running-requests-size-scorer` | [`running_requests`] | same min-max on running requests |
+//! | `load-aware-scorer` | [`load_aware`] | `0.5 × (1 − min(q, T)/T)`, empty queue 0.5 |
+//! | `active-request-scorer` | [`active_request`] | in flight ≤ idle → 1, else `(max − n)/max × maxBusyScore` |
 //! | `token-load-scorer` | [`token_load`] | `1 − min(load, T)/T`, load ≤ 0 → 1 |
 //! | `lora-affinity-scorer` | [`lora_affinity`] | 1 / 0.8 / 0.6 / 0 |
 //! | `prefix-cache-scorer` | [`prefix_cache`] | `matchedBlocks / totalBlocks` |
 //! | `precise-prefix-cache-scorer` | [`precise_prefix_cache`] | same, blocks the servers report (KV events via `kv-relay`), approximate for stale servers |
 //! | `session-affinity-scorer` | [`session_affinity`] | 1 for the session's endpoint, else 0 |
+//! | `topology-affinity-scorer` | [`topology_affinity`] | P/D prefill: host 1, rack 0.2, zone 0.05, region 0.02 from the decode pick |
 //! | `no-hit-lru-scorer` | [`no_hit_lru`] | cold requests spread to never/least recently used |
 //! | `latency-scorer` (`slo-scorer`) | [`latency`] | predicted headroom tiers; composite before the predictor is ready |
 
+pub mod active_request;
 pub mod kv_cache;
 pub mod latency;
+pub mod load_aware;
 pub mod lora_affinity;
 pub mod no_hit_lru;
 pub mod precise_prefix_cache;
@@ -23,6 +28,7 @@ pub mod queue;
 pub mod running_requests;
 pub mod session_affinity;
 pub mod token_load;
+pub mod topology_affinity;
 
 /// Adds `weight` × each of `values`, clamped to [0, 1] (NaN as 0), to `totals` in order:
 /// how a profile sums its scorers.

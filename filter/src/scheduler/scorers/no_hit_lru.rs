@@ -111,8 +111,14 @@ impl NoHitLru {
         let p = Params::new(
             Some(v),
             path,
-            &["prefixPluginType", "prefixPluginName", "lruSize"],
+            &[
+                "prefixPluginType",
+                "prefixPluginName",
+                "lruSize",
+                super::prefix_cache::PRODUCER_NAME,
+            ],
         )?;
+        p.string(super::prefix_cache::PRODUCER_NAME, "")?;
         p.string("prefixPluginType", "prefix-cache-scorer")?;
         p.string("prefixPluginName", "prefix-cache-scorer")?;
         let size = p.positive("lruSize", 1024)?;
@@ -137,6 +143,7 @@ mod tests {
             prior: vec![],
             block_size_tokens: 16,
             disaggregated: false,
+            encoders: vec![],
             estimates: vec![],
             precise_keys: vec![],
         }

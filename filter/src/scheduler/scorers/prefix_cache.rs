@@ -12,6 +12,8 @@ use serde_json::Value;
 pub const TYPE: &str = "prefix-cache-scorer";
 /// The seed's name for the same plugin.
 pub const ALIAS: &str = "prefix-scorer";
+/// The parameter naming the prefix producer a scorer reads (llm-d-router).
+pub const PRODUCER_NAME: &str = "prefixMatchInfoProducerName";
 
 /// The prefix-cache scorer.
 #[derive(Debug, Default)]
@@ -36,8 +38,24 @@ impl PrefixCache {
     /// Builds the scorer. v1.5+ ignores its parameters; v1.4 configurations put the prefix
     /// index's parameters here, so they are accepted and checked, and returned (the
     /// index uses them when no `approx-prefix-cache-producer` is declared).
+    ///
+    /// `prefixMatchInfoProducerName` (llm-d-router) names the producer whose matches it
+    /// reads; the runtime checks that it names a declared prefix producer. Every producer
+    /// here feeds the one view of matches (the servers' reports where `kv-relay` has them,
+    /// the approximate index elsewhere), so the name selects nothing more.
     pub fn from_parameters(v: &Value, path: &str) -> Result<(Self, PrefixConfig), ConfigError> {
-        Ok((Self, PrefixConfig::from_parameters(v, path)?))
+        let mut index = v.clone();
+        if let Some(o) = index.as_object_mut() {
+            if let Some(name) = o.remove(PRODUCER_NAME) {
+                if !name.is_string() {
+                    return Err(crate::config::validate::err(
+                        &format!("{path}.{PRODUCER_NAME}"),
+                        "must be a plugin name",
+                    ));
+                }
+            }
+        }
+        Ok((Self, PrefixConfig::from_parameters(&index, path)?))
     }
 }
 
