@@ -100,10 +100,15 @@ pub fn estimate(
                 let ttft = m.predict(Target::Ttft, factors, &x, settings.objective)?;
                 let tpot = m.predict(Target::Tpot, factors, &x, settings.objective);
                 let running_min = view.and_then(|v| v.min_tpot_slo.get(&c.address).copied());
+                let margin = |t| 1.0 + settings.error_margin * factors.error(t);
                 Some(headroom::assess(
                     settings,
-                    ttft,
-                    tpot,
+                    headroom::Predicted {
+                        ttft,
+                        tpot,
+                        ttft_margin: margin(Target::Ttft),
+                        tpot_margin: margin(Target::Tpot),
+                    },
                     slo,
                     running_min,
                     settings.is_prefill(c),

@@ -22,7 +22,10 @@
 //!   which most requests never meet; the typical latency is then below the mean, and
 //!   predicting it lowers the percentage error (`scripts/bench slo`, BENCHMARKS §14).
 //! * **Error** — the mean absolute percentage error of the predictions the pickers
-//!   actually used (made at pick time, carried with the sample), as an EWMA.
+//!   actually used (made at pick time, carried with the sample), as an EWMA: over the
+//!   pool, and per endpoint (faster, [`ENDPOINT_ERROR_ALPHA`]): how far off the
+//!   predictions for that endpoint have recently been, which the headroom allows for
+//!   (`super::headroom`).
 //!
 //! Plain data: the model is a protobuf record, published in shared data by the one
 //! VM that trains and read by all (`super::shared`).
@@ -48,6 +51,11 @@ const ENDPOINT_ALPHA: f64 = 0.05;
 const QUANTILE_STEP: f64 = 0.003;
 /// EWMA weight of the running error once 50 samples were seen.
 const ERROR_ALPHA: f64 = 0.02;
+/// EWMA weight of an endpoint's running error once 10 of its samples were seen: it
+/// follows a burst within a few dozen requests on the endpoint.
+pub const ENDPOINT_ERROR_ALPHA: f64 = 0.1;
+/// An endpoint's error counts one prediction as at most this far off (4 = 400 %).
+const MAX_ENDPOINT_ERROR: f64 = 4.0;
 /// Endpoints not seen for this long are forgotten (a replaced endpoint starts afresh).
 pub const ENDPOINT_TTL_MS: i64 = 600_000;
 /// At most this many endpoints are kept (the least recently seen go first).
@@ -167,6 +175,37 @@ pub struct EndpointTerm {
     /// When a sample last came (ms).
     #[prost(int64, tag = "6")]
     pub seen_ms: i64,
+    /// Running |observed − predicted| ÷ predicted of the TTFT predictions used here.
+    #[prost(double, tag = "7")]
+    pub ttft_error: f64,
+    /// The same for TPOT.
+    #[prost(double, tag = "8")]
+    pub tpot_error: f64,
+    /// TTFT predictions scored here.
+    #[prost(uint64, tag = "9")]
+    pub ttft_scored: u64,
+    /// TPOT predictions scored here.
+    #[prost(uint64, tag = "10")]
+    pub tpot_scored: u64,
+}
+
+impl EndpointTerm {
+    /// The running error of `t`'s predictions on this endpoint, relative to the
+    /// prediction (0.3: observed within about ±30 % of what was predicted).
+    pub fn error(&self, t: Target) -> f64 {
+        match t {
+            Target::Ttft => self.ttft_error,
+            Target::Tpot => self.tpot_error,
+        }
+    }
+
+    /// How many of `t`'s predictions on this endpoint were scored.
+    pub fn scored(&self, t: Target) -> u64 {
+        match t {
+            Target::Ttft => self.ttft_scored,
+            Target::Tpot => self.tpot_scored,
+        }
+    }
 }
 
 /// Everything learnt for one target.
@@ -350,9 +389,19 @@ impl Model {
                 return;
             };
             ep.seen_ms = now_ms;
-            let (log, n) = match t {
-                Target::Ttft => (&mut ep.ttft_log, &mut ep.ttft_n),
-                Target::Tpot => (&mut ep.tpot_log, &mut ep.tpot_n),
+            let (log, n, ep_error, ep_scored) = match t {
+                Target::Ttft => (
+                    &mut ep.ttft_log,
+                    &mut ep.ttft_n,
+                    &mut ep.ttft_error,
+                    &mut ep.ttft_scored,
+                ),
+                Target::Tpot => (
+                    &mut ep.tpot_log,
+                    &mut ep.tpot_n,
+                    &mut ep.tpot_error,
+                    &mut ep.tpot_scored,
+                ),
             };
             let m = match t {
                 Target::Ttft => self.ttft.get_or_insert_with(TargetModel::default),
@@ -363,6 +412,12 @@ impl Model {
                 let e = (predicted - y).abs() / y;
                 let a = (1.0 / m.scored as f64).max(ERROR_ALPHA);
                 m.error += a * (e - m.error);
+                // Relative to the prediction: what a margin on the prediction must cover
+                // (bounded: one stalled stream must not rule an endpoint out for long).
+                *ep_scored += 1;
+                let e = ((y - predicted).abs() / predicted).min(MAX_ENDPOINT_ERROR);
+                let a = (1.0 / *ep_scored as f64).max(ENDPOINT_ERROR_ALPHA);
+                *ep_error += a * (e - *ep_error);
             }
             let global = m.global(&x);
             // The endpoint's factor learns once the global term means something.
@@ -617,6 +672,34 @@ mod tests {
         }
         assert!((m.error(Target::Ttft) - 0.2).abs() < 0.01);
         assert_eq!(m.error(Target::Tpot), 0.0);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn each_endpoint_keeps_its_own_recent_error() {
+        let mut m = Model::default();
+        let mut rng = Rng::new(3);
+        let term = |m: &Model, a: &str| m.endpoints.iter().find(|e| e.address == a).cloned();
+        for _ in 0..100 {
+            // a is predicted right; b runs 50 % slower than predicted (a burst).
+            let mut s = sample(&mut rng, "a", 1.0);
+            s.predicted_ttft_ms = s.ttft_ms;
+            m.train(&s, 0);
+            let mut s = sample(&mut rng, "b", 1.0);
+            s.predicted_ttft_ms = s.ttft_ms / 1.5;
+            m.train(&s, 0);
+        }
+        let (a, b) = (term(&m, "a").unwrap(), term(&m, "b").unwrap());
+        assert!(a.error(Target::Ttft) < 1e-9, "{a:?}");
+        assert!((b.error(Target::Ttft) - 0.5).abs() < 1e-6, "{b:?}");
+        assert_eq!(b.scored(Target::Tpot), 0, "no TPOT prediction was scored");
+        // Once b is predicted right again its error fades within a few dozen samples.
+        for _ in 0..40 {
+            let mut s = sample(&mut rng, "b", 1.0);
+            s.predicted_ttft_ms = s.ttft_ms;
+            m.train(&s, 0);
+        }
+        let b = term(&m, "b").unwrap();
+        assert!(b.error(Target::Ttft) < 0.01, "{b:?}");
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -9,11 +9,13 @@ use super::features::N;
 use super::model::{Model, Objective, Target};
 use hashbrown::HashMap;
 
-/// The factors of one endpoint: `[mean, quantile]` per target.
+/// The factors of one endpoint: `[mean, quantile]` per target, and its running error
+/// per target.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Factors {
     ttft: [f64; 2],
     tpot: [f64; 2],
+    error: [f64; 2],
 }
 
 impl Factors {
@@ -24,9 +26,23 @@ impl Factors {
                 model.factor(t, term, Objective::Quantile(0.0)),
             ]
         };
+        // An endpoint without scored predictions yet: the pool's error.
+        let error = |t| match term {
+            Some(e) if e.scored(t) > 0 => e.error(t),
+            _ => model.error(t),
+        };
         Factors {
             ttft: both(Target::Ttft),
             tpot: both(Target::Tpot),
+            error: [error(Target::Ttft), error(Target::Tpot)],
+        }
+    }
+
+    /// The endpoint's running error for `t` (relative to the prediction).
+    pub fn error(&self, t: Target) -> f64 {
+        match t {
+            Target::Ttft => self.error[0],
+            Target::Tpot => self.error[1],
         }
     }
 

@@ -10,8 +10,11 @@
 //! `endpointRoleLabel` "" (the label whose value `prefill` makes an endpoint ignore
 //! TPOT), `predictInProduce` true (accepted), `samplingMean` and
 //! `maxDecodeTokenSamplesForPrediction` (accepted, ignored as in the reference). Ours:
-//! `objective` `mean` (default, as the reference's Helm chart) or `quantile`, and
-//! `quantile` 0.9 (the level of the quantile objective).
+//! `objective` `mean` (default, as the reference's Helm chart) or `quantile`,
+//! `quantile` 0.9 (the level of the quantile objective), and `errorMargin` 1.0 (≥ 0):
+//! the headroom is held against the prediction × (1 + errorMargin × the endpoint's
+//! running error), so an endpoint whose recent predictions were far off needs more
+//! room to count as meeting an objective (0: the bare prediction, as the reference).
 
 use super::model::Objective;
 use crate::config::quantity::parse_duration_ms;
@@ -39,6 +42,8 @@ pub struct Settings {
     pub role_label: String,
     /// `objective` / `quantile`.
     pub objective: Objective,
+    /// `errorMargin`: how many running errors the headroom keeps in hand.
+    pub error_margin: f64,
 }
 
 impl Default for Settings {
@@ -49,9 +54,13 @@ impl Default for Settings {
             streaming_mode: false,
             role_label: String::new(),
             objective: Objective::Mean,
+            error_margin: DEFAULT_ERROR_MARGIN,
         }
     }
 }
+
+/// `errorMargin`'s default.
+pub const DEFAULT_ERROR_MARGIN: f64 = 1.0;
 
 const PARAMETERS: &[&str] = &[
     "sloBufferFactor",
@@ -63,6 +72,7 @@ const PARAMETERS: &[&str] = &[
     "maxDecodeTokenSamplesForPrediction",
     "objective",
     "quantile",
+    "errorMargin",
 ];
 
 impl Settings {
@@ -103,7 +113,9 @@ impl Settings {
                 ))
             }
         };
+        let error_margin = p.non_negative("errorMargin", DEFAULT_ERROR_MARGIN)?;
         Ok(Self {
+            error_margin,
             buffer,
             context_ttl_ms,
             streaming_mode: p.bool("streamingMode", false)?,
@@ -148,6 +160,9 @@ mod tests {
         assert_eq!(s.context_ttl_ms, 30_000);
         assert!(s.streaming_mode);
         assert_eq!(s.objective, Objective::Quantile(0.95));
+        assert_eq!(s.error_margin, DEFAULT_ERROR_MARGIN);
+        let bare = Settings::from_parameters(&json!({"errorMargin": 0}), "p").unwrap();
+        assert_eq!(bare.error_margin, 0.0);
         let mut prefill = Candidate::new("a");
         prefill
             .labels
@@ -164,6 +179,7 @@ mod tests {
             (json!({"objective": "median"}), "objective"),
             (json!({"quantile": 1.5}), "quantile"),
             (json!({"streamingMode": "yes"}), "streamingMode"),
+            (json!({"errorMargin": -1}), "errorMargin"),
         ] {
             let e = Settings::from_parameters(&v, "plugins[0].parameters").unwrap_err();
             assert_eq!(e.path, format!("plugins[0].parameters.{field}"), "{v}");

@@ -19,6 +19,10 @@
 //! * **accuracy** (`--schedule Q:S,Q:S,..`) — one world, the predictor learning beside
 //!   the default load scorers, the QPS changing abruptly from step to step; the
 //!   predictions' MAPE (TTFT, TPOT) in every `--window` seconds, from the first request.
+//! * **matrix** (`--matrix POOLS`) — the shipped SLO configuration against the default
+//!   profile over pool shapes × arrival shapes × interactive shares × seeds ([`matrix`]),
+//!   with `--trace` where each class's misses went and what was predicted for them
+//!   ([`trace`]).
 //!
 //! Every side gets the identical request sequence and arrival times; everything is a
 //! function of `--seed`. Streamed completions with `usage`; TPOT = (last − first chunk)
@@ -36,6 +40,9 @@ use serde_json::{json, Value};
 use std::time::Instant;
 use tests::loadgen::stats::Summary;
 
+mod matrix;
+mod trace;
+
 const HELP: &str = "slo-sim: SLO-aware routing in virtual time (host-sim + vllm-sim engines)
 
   --servers N          model servers in the pool [16]
@@ -52,7 +59,24 @@ const HELP: &str = "slo-sim: SLO-aware routing in virtual time (host-sim + vllm-
   --latency-jitter J   the engines' step jitter (std of a Normal(1, J)) [the profile's, 0.15]
   --workers N          Envoy workers [4]
   --wasm FILE          the filter module [target/wasm32-wasip1/release/epp_filter.wasm]
-  --seed N             [1]";
+  --seed N             [1]
+  --slo-config FILE    the `shipped` side's configuration [envoy/config/slo-routing.json]
+
+matrix mode (`scripts/bench slo --matrix ..`): per cell the default profile and the
+shipped SLO configuration on the same seeded load; two classes (interactive, relaxed)
+  --matrix POOLS       pool shapes N:R:J: N servers whose speeds spread evenly from 1×
+                       to R× slower, engine step jitter J (0 = none); e.g. 4:3:0.15,16:1:0
+  --arrivals LIST      steady, burst (0.7×, with 4 s at 2.2× every 20 s), step (0.7×,
+                       1.6×, 0.7× over thirds of the window) [steady,burst,step]
+  --shares LIST        interactive shares [0.2,0.5,0.8]
+  --seeds LIST         [1,2]
+  --load L             mean QPS per 1× server at an even mix (scaled by the pool's speeds
+                       and the share's request sizes) [1.1]
+  --json FILE          also write every run's figures as JSON (the plot's input)
+  --jobs N             runs at a time, each on its own thread [2]
+  --trace              per cell and side: each class's misses by server speed, arrival
+                       phase and cause, with the predictions made for them
+  (--warmup and --seconds apply per cell; the matrix's defaults are 20 and 40)";
 
 use tests::openai::MODEL;
 const TTFT: &str = "x-llm-d-slo-ttft-ms";
@@ -88,9 +112,12 @@ const CLASSES: [Class; 3] = [
     },
 ];
 
+#[derive(Clone)]
 struct Args {
     servers: usize,
     slow: Option<(usize, f64)>,
+    /// Each server's slowdown (1 = the profile's speed); from `--slow` or a matrix pool.
+    speeds: Vec<f64>,
     qps: Vec<f64>,
     seconds: f64,
     warmup: f64,
@@ -104,6 +131,8 @@ struct Args {
     workers: usize,
     wasm: Option<std::path::PathBuf>,
     seed: u64,
+    slo_config: std::path::PathBuf,
+    matrix: Option<matrix::Options>,
 }
 
 fn list<T: std::str::FromStr>(v: &str) -> Option<Vec<T>> {
@@ -114,6 +143,7 @@ fn parse_args() -> anyhow::Result<Args> {
     let mut a = Args {
         servers: 16,
         slow: None,
+        speeds: Vec::new(),
         qps: vec![20.0, 40.0, 60.0, 80.0],
         seconds: 60.0,
         warmup: 60.0,
@@ -129,12 +159,20 @@ fn parse_args() -> anyhow::Result<Args> {
         workers: 4,
         wasm: None,
         seed: 1,
+        slo_config: "envoy/config/slo-routing.json".into(),
+        matrix: None,
     };
+    let mut m = matrix::Options::default();
+    let (mut seconds_set, mut warmup_set) = (false, false);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             println!("{HELP}");
             std::process::exit(0);
+        }
+        if flag == "--trace" {
+            m.trace = true;
+            continue;
         }
         let v = it
             .next()
@@ -147,8 +185,14 @@ fn parse_args() -> anyhow::Result<Args> {
                 a.slow = Some((n.parse().map_err(|_| bad())?, f.parse().map_err(|_| bad())?));
             }
             "--qps" => a.qps = list(&v).ok_or_else(bad)?,
-            "--seconds" => a.seconds = v.parse().map_err(|_| bad())?,
-            "--warmup" => a.warmup = v.parse().map_err(|_| bad())?,
+            "--seconds" => {
+                a.seconds = v.parse().map_err(|_| bad())?;
+                seconds_set = true;
+            }
+            "--warmup" => {
+                a.warmup = v.parse().map_err(|_| bad())?;
+                warmup_set = true;
+            }
             "--sides" => a.sides = v.split(',').map(|s| s.trim().to_string()).collect(),
             "--mix" => {
                 let m: Vec<f64> = list(&v).ok_or_else(bad)?;
@@ -178,12 +222,50 @@ fn parse_args() -> anyhow::Result<Args> {
             "--workers" => a.workers = v.parse().map_err(|_| bad())?,
             "--wasm" => a.wasm = Some(v.into()),
             "--seed" => a.seed = v.parse().map_err(|_| bad())?,
+            "--slo-config" => a.slo_config = v.into(),
+            "--matrix" => m.pools = matrix::pools(&v).ok_or_else(bad)?,
+            "--arrivals" => m.arrivals = matrix::arrivals(&v).ok_or_else(bad)?,
+            "--shares" => m.shares = list(&v).ok_or_else(bad)?,
+            "--seeds" => m.seeds = list(&v).ok_or_else(bad)?,
+            "--load" => m.load = v.parse().map_err(|_| bad())?,
+            "--json" => m.json = Some(v.into()),
+            "--jobs" => m.jobs = v.parse().map_err(|_| bad())?,
             _ => anyhow::bail!("unknown flag {flag} (see --help)"),
         }
     }
+    a.speeds = vec![1.0; a.servers];
+    if let Some((n, f)) = a.slow {
+        a.speeds.iter_mut().take(n).for_each(|s| *s = f);
+    }
+    if !m.pools.is_empty() {
+        anyhow::ensure!(
+            !m.arrivals.is_empty() && !m.seeds.is_empty() && !m.shares.is_empty(),
+            "--arrivals, --shares and --seeds must not be empty"
+        );
+        anyhow::ensure!(
+            m.shares.iter().all(|s| (0.0..=1.0).contains(s)),
+            "--shares: each in 0..1"
+        );
+        anyhow::ensure!(m.load > 0.0, "--load must be positive");
+        if !seconds_set {
+            a.seconds = 40.0;
+        }
+        if !warmup_set {
+            a.warmup = 20.0;
+        }
+        a.matrix = Some(m);
+    }
     for s in &a.sides {
         anyhow::ensure!(
-            ["default", "slo", "slo-blend", "slo-chart", "least_request"].contains(&s.as_str()),
+            [
+                "default",
+                "slo",
+                "slo-blend",
+                "slo-chart",
+                "shipped",
+                "least_request"
+            ]
+            .contains(&s.as_str()),
             "--sides: unknown side {s:?}"
         );
     }
@@ -195,13 +277,38 @@ fn parse_args() -> anyhow::Result<Args> {
     Ok(a)
 }
 
-/// The filter's configuration for `side` (`None`: no filter).
-fn config(side: &str, eps: &[String]) -> Option<Value> {
-    let objectives = json!([
+/// The filter's configuration for `side` (`None`: no filter); `shipped` is the file
+/// `--slo-config` with this pool.
+fn config(a: &Args, side: &str, eps: &[String]) -> anyhow::Result<Option<Value>> {
+    if side == "shipped" {
+        let text = std::fs::read_to_string(&a.slo_config)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", a.slo_config.display()))?;
+        let mut v: Value = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", a.slo_config.display()))?;
+        let obj = v
+            .as_object_mut()
+            .ok_or_else(|| anyhow::anyhow!("{}: not an object", a.slo_config.display()))?;
+        obj.insert(
+            "pool".into(),
+            json!({"endpoints": eps, "objectives": objectives()}),
+        );
+        return Ok(Some(v));
+    }
+    Ok(builtin_config(side, eps))
+}
+
+/// The objectives the classes name.
+fn objectives() -> Value {
+    json!([
         {"name": "critical", "priority": 10},
         {"name": "standard", "priority": 0},
         {"name": "batch", "priority": -1}
-    ]);
+    ])
+}
+
+/// The configurations slo-sim defines itself (`None`: no filter).
+fn builtin_config(side: &str, eps: &[String]) -> Option<Value> {
+    let objectives = objectives();
     let producer =
         json!({"type": "predicted-latency-producer", "parameters": {"streamingMode": true}});
     let plugins = match side {
@@ -247,6 +354,7 @@ fn side_label(side: &str) -> &str {
         "slo" => "filter, SLO: tier filter + queue + kv + admitter",
         "slo-blend" => "filter, SLO: tier filter + latency-scorer (most) + queue + kv + admitter",
         "slo-chart" => "filter, SLO: reference chart (tier + latency-scorer + weighted random)",
+        "shipped" => "filter, the shipped SLO configuration",
         "learning" => "filter, default scorers + predictor",
         _ => "Envoy LEAST_REQUEST (model)",
     }
@@ -257,7 +365,7 @@ fn world(a: &Args, side: &str) -> anyhow::Result<(Sim, Vec<String>)> {
     let eps: Vec<String> = (0..a.servers)
         .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250 + 1))
         .collect();
-    let filter = config(side, &eps);
+    let filter = config(a, side, &eps)?;
     let text = filter
         .clone()
         .unwrap_or_else(|| json!({"pool": {"endpoints": eps}}))
@@ -284,8 +392,8 @@ fn world(a: &Args, side: &str) -> anyhow::Result<(Sim, Vec<String>)> {
         let engine = engine.build();
         sim.add_endpoint(e, Box::new(engine));
     }
-    if let Some((n, f)) = a.slow {
-        for e in eps.iter().take(n) {
+    for (e, &f) in eps.iter().zip(&a.speeds) {
+        if f != 1.0 {
             sim.at(0, Control::SetCondition(e.clone(), Condition::Slowed(f)));
         }
     }
@@ -630,7 +738,9 @@ fn accuracy(a: &Args) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let a = parse_args()?;
-    if a.schedule.is_empty() {
+    if let Some(m) = &a.matrix {
+        matrix::run(&a, m)
+    } else if a.schedule.is_empty() {
         outcome(&a)
     } else {
         accuracy(&a)
