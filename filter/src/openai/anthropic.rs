@@ -14,7 +14,7 @@
 //! same window scan as OpenAI's `prompt_tokens` and `cached_tokens`.
 
 use super::json::Json;
-use super::{required_model, InferenceRequest};
+use super::{max_tokens, message_list, required_model, stream_flag, InferenceRequest};
 use crate::errors::ApiError;
 use std::borrow::Cow;
 
@@ -29,46 +29,9 @@ pub fn routed(key: &str) -> bool {
 /// Parses a `/v1/messages` body.
 pub fn parse_messages<'a>(obj: &Json<'a>, r: &mut InferenceRequest<'a>) -> Result<(), ApiError> {
     r.model = required_model(obj)?;
-    r.stream = match obj.get("stream") {
-        None | Some(Json::Null) => false,
-        Some(Json::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "`stream` must be a boolean",
-                Some("stream"),
-            ))
-        }
-    };
-    r.max_tokens = match obj.get("max_tokens") {
-        None | Some(Json::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| {
-            ApiError::bad_request(
-                "`max_tokens` must be a non-negative integer",
-                Some("max_tokens"),
-            )
-        })?),
-    };
-    let messages = match obj.get("messages") {
-        Some(Json::Array(m)) if !m.is_empty() => m,
-        Some(Json::Array(_)) | None | Some(Json::Null) => {
-            return Err(ApiError::bad_request(
-                "`messages` must hold at least one message",
-                Some("messages"),
-            ))
-        }
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "`messages` must be a list",
-                Some("messages"),
-            ))
-        }
-    };
-    if messages.iter().any(|m| !matches!(m, Json::Object(_))) {
-        return Err(ApiError::bad_request(
-            "each message must be an object",
-            Some("messages"),
-        ));
-    }
+    r.stream = stream_flag(obj)?;
+    r.max_tokens = max_tokens(obj.get("max_tokens"))?;
+    let messages = message_list(obj.get("messages"))?;
     r.prompt = Cow::Owned(render(obj, messages, &mut r.chat));
     // Not streamed: the body ends with `usage`; streamed: `message_start` carries it.
     r.usage_expected = true;

@@ -238,6 +238,57 @@ pub(crate) fn required_model(obj: &Json) -> Result<String, ApiError> {
     }
 }
 
+/// `stream`, optional: a boolean (absent or `null`: not streamed).
+pub(crate) fn stream_flag(obj: &Json) -> Result<bool, ApiError> {
+    match obj.get("stream") {
+        None | Some(Json::Null) => Ok(false),
+        Some(Json::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad_request(
+            "`stream` must be a boolean",
+            Some("stream"),
+        )),
+    }
+}
+
+/// A token limit, optional: a non-negative integer (reported as `max_tokens`).
+pub(crate) fn max_tokens(v: Option<&Json>) -> Result<Option<u64>, ApiError> {
+    match v {
+        None | Some(Json::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            ApiError::bad_request(
+                "`max_tokens` must be a non-negative integer",
+                Some("max_tokens"),
+            )
+        }),
+    }
+}
+
+/// `messages`, required: a non-empty list of objects.
+pub(crate) fn message_list<'j, 'a>(v: Option<&'j Json<'a>>) -> Result<&'j [Json<'a>], ApiError> {
+    let messages = match v {
+        Some(Json::Array(m)) if !m.is_empty() => m,
+        Some(Json::Array(_)) | None | Some(Json::Null) => {
+            return Err(ApiError::bad_request(
+                "`messages` must hold at least one message",
+                Some("messages"),
+            ))
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`messages` must be a list",
+                Some("messages"),
+            ))
+        }
+    };
+    if messages.iter().any(|m| !matches!(m, Json::Object(_))) {
+        return Err(ApiError::bad_request(
+            "each message must be an object",
+            Some("messages"),
+        ));
+    }
+    Ok(messages)
+}
+
 fn openai_request(api: Api, body: &[u8]) -> Result<InferenceRequest<'_>, ApiError> {
     let doc = json::parse(body).map_err(not_json)?;
     let Some(obj) = doc.0.as_ref() else {
@@ -247,29 +298,12 @@ fn openai_request(api: Api, body: &[u8]) -> Result<InferenceRequest<'_>, ApiErro
         ));
     };
     let model = required_model(obj)?;
-    let stream = match obj.get("stream") {
-        None | Some(Json::Null) => false,
-        Some(Json::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "`stream` must be a boolean",
-                Some("stream"),
-            ))
-        }
-    };
-    let max_tokens = match obj
-        .get("max_tokens")
-        .or_else(|| obj.get("max_completion_tokens"))
-        .or_else(|| obj.get("max_output_tokens"))
-    {
-        None | Some(Json::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| {
-            ApiError::bad_request(
-                "`max_tokens` must be a non-negative integer",
-                Some("max_tokens"),
-            )
-        })?),
-    };
+    let stream = stream_flag(obj)?;
+    let max_tokens = max_tokens(
+        obj.get("max_tokens")
+            .or_else(|| obj.get("max_completion_tokens"))
+            .or_else(|| obj.get("max_output_tokens")),
+    )?;
     let mut chat = Vec::new();
     let prompt = match api {
         Api::ChatCompletions => Cow::Owned(chat_prompt(obj.get("messages"), &mut chat)?),
@@ -469,29 +503,9 @@ impl InferenceRequest<'_> {
 }
 
 fn chat_prompt(v: Option<&Json>, spans: &mut Vec<(u32, u32)>) -> Result<String, ApiError> {
-    let messages = match v {
-        Some(Json::Array(m)) if !m.is_empty() => m,
-        Some(Json::Array(_)) | None | Some(Json::Null) => {
-            return Err(ApiError::bad_request(
-                "`messages` must hold at least one message",
-                Some("messages"),
-            ))
-        }
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "`messages` must be a list",
-                Some("messages"),
-            ))
-        }
-    };
+    let messages = message_list(v)?;
     let mut out = String::new();
     for message in messages {
-        if !matches!(message, Json::Object(_)) {
-            return Err(ApiError::bad_request(
-                "each message must be an object",
-                Some("messages"),
-            ));
-        }
         let role = message.get("role").and_then(Json::as_str).unwrap_or("");
         out.push_str(role);
         out.push_str(": ");

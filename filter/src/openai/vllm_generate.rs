@@ -6,7 +6,7 @@
 //! whose ids grow turn by turn keeps its prefix; its response has OpenAI's `usage`.
 
 use super::json::Json;
-use super::InferenceRequest;
+use super::{stream_flag, InferenceRequest};
 use crate::errors::ApiError;
 use std::borrow::Cow;
 
@@ -30,16 +30,7 @@ pub fn parse<'a>(obj: &Json<'a>, r: &mut InferenceRequest<'a>) -> Result<(), Api
             ))
         }
     }
-    r.stream = match obj.get("stream") {
-        None | Some(Json::Null) => false,
-        Some(Json::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "`stream` must be a boolean",
-                Some("stream"),
-            ))
-        }
-    };
+    r.stream = stream_flag(obj)?;
     let bad = || {
         ApiError::bad_request(
             "`token_ids` must be a non-empty list of token ids",
