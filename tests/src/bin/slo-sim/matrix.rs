@@ -18,6 +18,10 @@ use host_sim::{Nanos, MS, SEC};
 use serde_json::{json, Value};
 use std::time::Instant;
 
+/// One (row, seed) run of the matrix: the row's index, its arguments, the arrival steps
+/// ([`Arrival::steps`]) and the arrival shape.
+type Run = (usize, Args, Vec<(f64, f64)>, Arrival);
+
 /// A pool shape.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pool {
@@ -324,7 +328,9 @@ impl Row {
             missed.push("G2");
         }
         let (gain_i, gain_r) = (100.0 * (si - di).max(-1.0), 100.0 * (sr - dr).max(-1.0));
-        let loses = |own: f64, other: f64| own.is_finite() && own < -5.0 && !(other > -own);
+        let loses = |own: f64, other: f64| {
+            own.is_finite() && own < -5.0 && (other.is_nan() || other <= -own)
+        };
         if loses(gain_i, gain_r) || loses(gain_r, gain_i) {
             missed.push("G3");
         }
@@ -393,7 +399,7 @@ pub fn run(a: &Args, m: &Options) -> anyhow::Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     // Every (row, seed) run, on `--jobs` threads (each builds its own worlds).
     let mut rows: Vec<Row> = Vec::new();
-    let mut runs: Vec<(usize, Args, Vec<(f64, f64)>, Arrival)> = Vec::new();
+    let mut runs: Vec<Run> = Vec::new();
     for pool in &m.pools {
         for &arrival in &m.arrivals {
             for &share in &m.shares {
