@@ -348,9 +348,11 @@ fn tier_config(eps: &[String]) -> String {
 /// away from the slow endpoint, which cannot meet them, while background traffic
 /// without SLO headers still uses it; with the tier filter in front of the load scorers
 /// more of them meet their SLO than with the load scorers alone. The reference chart's
-/// `latency-scorer` + `weighted-random-picker` avoids the slow endpoint too but meets
-/// fewer (printed, not asserted: 0.67 against 0.78 at this seed with `most`, 0.53 with
-/// `least`; its weighted draw spreads requests onto endpoints predicted to just fit).
+/// `latency-scorer` + `weighted-random-picker` avoids the slow endpoint too (fewer there
+/// than the load scorers send) but meets fewer (printed, not asserted: 0.68 against 0.82
+/// at this seed with `most`; its weighted draw spreads requests onto endpoints predicted
+/// to just fit, and with the predictor's error margin fewer fit, so it lands 18 of 240 on
+/// the slow endpoint against the load scorers' 33: under the twelfth, not under half).
 #[test]
 fn a_tight_slo_avoids_the_slow_endpoint() {
     let eps = endpoints(4);
@@ -376,13 +378,14 @@ fn a_tight_slo_avoids_the_slow_endpoint() {
         line("latency-scorer (most) + weighted random", &reference),
         line("default load scorers", &default)
     );
+    assert!(
+        tier.on_slow * 2 <= default.on_slow,
+        "{}",
+        line("tier filter + load scorers", &tier)
+    );
     for r in [&tier, &reference] {
         assert!(r.on_slow * 12 <= r.n, "{}", line("SLO profile", r));
-        assert!(
-            r.on_slow * 2 <= default.on_slow,
-            "{}",
-            line("SLO profile", r)
-        );
+        assert!(r.on_slow < default.on_slow, "{}", line("SLO profile", r));
         assert!(
             r.background_on_slow > 0,
             "the slow endpoint still serves background"
