@@ -195,18 +195,30 @@ fn queue_labels<'a>(
     ]
 }
 
+/// Raises (`sign` 1) or lowers (-1) the queue-size and queue-bytes gauges by one request,
+/// through the series resolved when it arrived (the same series both ways), or by labels
+/// when those went stale (idle series were dropped meanwhile).
+fn queue_gauges(w: &Waiting, labels: &[&str], sign: i64) {
+    let bytes = sign.saturating_mul(i64::try_from(w.bytes).unwrap_or(i64::MAX));
+    let kept = w.queue_series.is_some_and(|[size, b]| {
+        stats::apply(&[
+            (size, &metrics::FLOW_QUEUE_SIZE, stats::Update::Add(sign)),
+            (b, &metrics::FLOW_QUEUE_BYTES, stats::Update::Add(bytes)),
+        ])
+    });
+    if !kept {
+        stats::add(&metrics::FLOW_QUEUE_SIZE, labels, sign);
+        stats::add(&metrics::FLOW_QUEUE_BYTES, labels, bytes);
+    }
+}
+
 /// Records a request's final outcome in the queue metrics.
 fn finalize(rt: &Runtime, w: &Waiting, outcome: Outcome, parked: bool, now_us: u64) {
     let mut priority = itoa::Buffer::new();
     let priority = priority.format(w.priority);
     if parked {
         let labels = queue_labels(rt, &w.fairness_id, priority, &w.route);
-        stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, -1);
-        stats::add(
-            &metrics::FLOW_QUEUE_BYTES,
-            &labels,
-            -i64::try_from(w.bytes).unwrap_or(0),
-        );
+        queue_gauges(w, &labels, -1);
     }
     stats::record(
         &metrics::FLOW_QUEUE_DURATION,
@@ -279,6 +291,12 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         tokens,
     };
     let me = vm::id();
+    let mut priority = itoa::Buffer::new();
+    let priority = priority.format(req.priority);
+    let labels = queue_labels(&rt, req.fairness_id, priority, req.route);
+    let queue_series = stats::resolve(&metrics::FLOW_QUEUE_SIZE, &labels)
+        .zip(stats::resolve(&metrics::FLOW_QUEUE_BYTES, &labels))
+        .map(|(size, bytes)| [size, bytes]);
     let waiting = Waiting {
         model: req.model.to_string(),
         fairness_id: req.fairness_id.to_string(),
@@ -287,6 +305,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         tokens,
         enqueue_us: now_us,
         route: req.route.clone(),
+        queue_series,
     };
     let decided = vm::with(|vm| {
         // Parked first, so the heads published with it include it.
@@ -319,8 +338,6 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         }
         result
     });
-    let mut priority = itoa::Buffer::new();
-    let priority = priority.format(req.priority);
     // The admission's own duration; a queued request's outcome is not known yet (the
     // reference's `NotYetFinalized`).
     let enqueued = |outcome: &str| {
@@ -343,13 +360,7 @@ pub fn admit(ctx: u32, req: &RequestMeta<'_>) -> Admit {
         }
         Some(Ok(Admission::Queued)) => {
             enqueued("NotYetFinalized");
-            let labels = queue_labels(&rt, req.fairness_id, priority, req.route);
-            stats::add(&metrics::FLOW_QUEUE_SIZE, &labels, 1);
-            stats::add(
-                &metrics::FLOW_QUEUE_BYTES,
-                &labels,
-                i64::try_from(req.bytes).unwrap_or(i64::MAX),
-            );
+            queue_gauges(&waiting, &labels, 1);
             Admit::Parked
         }
         Some(Ok(Admission::Rejected(limit))) => {

@@ -374,6 +374,26 @@ pub fn is_served(name: &str) -> bool {
     })
 }
 
+/// The series of `metric` with these label values, resolved now and kept by the caller,
+/// so that a later update lands on the same series even if the label mapping moved in
+/// between (e.g. a model name served meanwhile gets a label place of its own): a gauge
+/// raised under `other` is lowered under `other`. `None` when the state is busy.
+pub fn resolve(metric: &'static Metric, values: &[&str]) -> Option<Series> {
+    STATS.with(|cell| {
+        let Ok(mut stats) = cell.try_borrow_mut() else {
+            log::error!("internal: nested access to the metrics");
+            return None;
+        };
+        let stats = &mut *stats;
+        let (slot, id) = resolve_in(stats, metric, values);
+        Some(Series {
+            generation: stats.generation,
+            slot,
+            id,
+        })
+    })
+}
+
 /// Adds `delta` (in the metric's recorded unit) to a counter or gauge.
 pub fn add(metric: &'static Metric, values: &[&str], delta: i64) {
     with(metric, values, |stats, slot, id| {

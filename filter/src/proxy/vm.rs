@@ -67,6 +67,9 @@ pub struct Waiting {
     pub enqueue_us: u64,
     /// What routing needs when it is released.
     pub route: super::route::RouteInput,
+    /// The queue-size and queue-bytes series it was counted in when queued, lowered
+    /// through the same series when it leaves the queue.
+    pub queue_series: Option<[super::stats::Series; 2]>,
 }
 
 /// A request sent upstream and not finished.
