@@ -5,7 +5,6 @@
 //! chooses the parsers as the reference's configuration does.
 
 use serde_json::{json, Value};
-use std::collections::HashSet;
 use tests::envoy::Envoy;
 use tests::http::{self, Response};
 use tests::openai::MODEL;
@@ -213,8 +212,9 @@ fn unknown_paths_sglang_generate_and_render_reach_a_server() {
     assert_eq!(r.status, 200, "{}", r.text());
     served(&r, "sglang generate");
     assert_eq!(r.json()["meta_info"]["prompt_tokens"], 3);
-    // The render paths: routed by load, answered with the token-in request.
-    let mut seen = HashSet::new();
+    // The render paths: routed (by load: sequential requests against idle servers may all
+    // find the same one least loaded, so no spread is asserted), answered by a server
+    // with the token-in request.
     for i in 0..12 {
         let r = post(
             &envoy,
@@ -222,10 +222,9 @@ fn unknown_paths_sglang_generate_and_render_reach_a_server() {
             &json!({"model": MODEL, "messages": [{"role": "user", "content": format!("hi {i}")}]}),
         );
         assert_eq!(r.status, 200, "{}", r.text());
-        seen.insert(served(&r, "render"));
+        served(&r, "render");
         assert!(!r.json()["token_ids"].as_array().unwrap().is_empty());
     }
-    assert_eq!(seen.len(), 2, "routed by load over both servers: {seen:?}");
     let r = post(
         &envoy,
         "/v1/completions/render",
